@@ -1,0 +1,82 @@
+"""
+Configuration the nanoGPT way, minus its silent typos.
+
+A script defines its settings as module-level globals, then calls
+
+    config = configure(globals(), sys.argv[1:])
+
+Each argument is either a config file (config/sbd_small.py, plain Python assignments) or --key=value.
+Both override the globals in order. Unlike nanoGPT's configurator:
+- an unknown key (in a file or on the command line) is an error naming the key and the closest known one;
+- a value must keep its setting's type, except that an int may stand for a float and a None default
+  takes anything;
+- the resolved configuration is printed and returned, so the script can save it in its checkpoints.
+"""
+
+import ast
+import difflib
+import types
+
+CONFIG_TYPES = (int, float, bool, str, tuple, list, type(None))
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def config_keys(script_globals):
+    """The settings of a script: its public module-level globals of a plain type."""
+    return [k for k, v in script_globals.items()
+            if not k.startswith("_") and isinstance(v, CONFIG_TYPES) and not isinstance(v, types.ModuleType)]
+
+
+def check_value(key, value, known, where):
+    """Raise ConfigError unless key is a known setting and value fits its type; return the value."""
+    if key not in known:
+        close = difflib.get_close_matches(key, list(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"unknown config key {key!r} in {where}{hint} (known keys: {', '.join(sorted(known))})")
+    default = known[key]
+    if default is None or type(value) is type(default):
+        return value
+    if isinstance(default, float) and type(value) is int:  # --lr=1 means 1.0
+        return float(value)
+    if isinstance(default, (tuple, list)) and isinstance(value, (tuple, list)):
+        return type(default)(value)
+    raise ConfigError(f"config key {key!r} in {where} must be {type(default).__name__}, "
+                      f"got {type(value).__name__} {value!r}")
+
+
+def parse_value(text):
+    """'3e-4' -> 3e-4, 'True' -> True, '(2, 16)' -> (2, 16); anything that is not a literal stays a string."""
+    try:
+        return ast.literal_eval(text)
+    except (SyntaxError, ValueError):
+        return text
+
+
+def configure(script_globals, argv, print_config=True):
+    known = {k: script_globals[k] for k in config_keys(script_globals)}
+    updates = {}
+    for arg in argv:
+        if not arg.startswith("--"):  # a config file: run it, keep what it assigned
+            try:
+                source = open(arg).read()
+            except OSError as e:
+                raise ConfigError(f"cannot read config file {arg!r}: {e.strerror}") from None
+            namespace = {}
+            exec(compile(source, arg, "exec"), namespace)
+            for key, value in namespace.items():
+                if key.startswith("_") or isinstance(value, types.ModuleType):
+                    continue
+                updates[key] = check_value(key, value, known, f"config file {arg}")
+        else:
+            key, sep, text = arg[2:].partition("=")
+            if not sep:
+                raise ConfigError(f"command-line override {arg!r} must look like --key=value")
+            updates[key] = check_value(key, parse_value(text), known, "the command line")
+    script_globals.update(updates)
+    config = {k: script_globals[k] for k in known}
+    if print_config:
+        print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
+    return config

@@ -1,0 +1,451 @@
+"""
+GPT-2 and Llama 3 in one file, with the three things Set Block Decoding needs from a transformer:
+
+1. explicit position ids, because SBD feeds the same positions twice (clean half and noisy half);
+2. an arbitrary boolean attention mask (True = may attend), because SBD mixes a causal prefix with
+   bidirectional blocks; masks are pure functions of (query slot, key slot), see causal_mask below;
+3. an exact KV cache that can run a block of queries on top of the cache *without* writing it, and can
+   commit the previous block causally and run the new block in the same forward (SBD.md, "Inference").
+
+With none of the optional arguments, forward() is the ordinary causal training path (is_causal=True).
+Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's names for Llama.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+IGNORE_INDEX = -1  # label value that the loss skips (nanoGPT's convention)
+
+# -----------------------------------------------------------------------------
+# masks: pure functions of (query slot, key slot), broadcast over index tensors
+
+
+def causal_mask(q, k):
+    """Query slot q may attend key slot k iff k <= q (ordinary next-token attention)."""
+    return k <= q
+
+
+def dense_mask(mask_fn, n_queries, n_keys, query_offset=0, device=None):
+    """Materialise mask_fn as a (n_queries, n_keys) bool matrix; query i sits at slot query_offset + i.
+
+    With a KV cache of length L and T new tokens, query_offset = L and n_keys = L + T.
+    """
+    q = torch.arange(query_offset, query_offset + n_queries, device=device)
+    k = torch.arange(n_keys, device=device)
+    return mask_fn(q[:, None], k[None, :])  # (n_queries, n_keys)
+
+
+# -----------------------------------------------------------------------------
+# KV cache
+
+
+class KVCache:
+    """Keys and values of the tokens processed causally so far, for every layer.
+
+    Layout: self.k[layer] and self.v[layer] are preallocated (B, n_kv_head, max_len, head_dim) buffers.
+    Slots [0, self.length) hold the committed tokens (prompt + committed blocks); they are exactly what
+    plain causal decoding would have cached. Slots from self.length on are unused.
+
+    A forward of T new tokens with n_commit <= T writes only the FIRST n_commit of them (those processed
+    causally); the remaining T - n_commit (an SBD block attending bidirectionally) are attended to during
+    that forward and then forgotten, so nothing of a bidirectional forward ever stays here.
+    """
+
+    def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, device, dtype):
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.max_len = max_len
+        self.length = 0
+
+    def extend(self, layer, k_new, v_new, n_commit):
+        """Write the first n_commit new keys/values; return keys/values of [cache ; all new tokens]."""
+        L, T = self.length, k_new.size(2)  # k_new: (B, n_kv_head, T, head_dim)
+        if L + T > self.max_len:
+            raise ValueError(f"KV cache full: {L} cached + {T} new tokens > max_len {self.max_len}")
+        k_buf, v_buf = self.k[layer], self.v[layer]
+        k_buf[:, :, L:L + n_commit] = k_new[:, :, :n_commit]
+        v_buf[:, :, L:L + n_commit] = v_new[:, :, :n_commit]
+        if n_commit == T:  # plain causal step: a view of the buffer, no copy
+            return k_buf[:, :, :L + T], v_buf[:, :, :L + T]  # (B, n_kv_head, L + T, head_dim)
+        k_all = torch.cat([k_buf[:, :, :L + n_commit], k_new[:, :, n_commit:]], dim=2)  # (B, n_kv, L+T, hd)
+        v_all = torch.cat([v_buf[:, :, :L + n_commit], v_new[:, :, n_commit:]], dim=2)
+        return k_all, v_all
+
+
+def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
+    """Scaled dot-product attention over [cache ; new tokens] with an optional boolean mask.
+
+    q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), True = may attend.
+    With n_kv_head < n_head (grouped-query attention) each K/V head serves n_head // n_kv_head query heads.
+    """
+    if cache is not None:
+        k, v = cache.extend(layer, k, v, n_commit)  # (B, n_kv_head, S, hd), S = cache.length + T
+    if mask is not None and mask.dim() == 3:
+        mask = mask.unsqueeze(1)  # (B, 1, T, S): the same mask for every head
+    is_causal = mask is None and cache is None  # the fast training path
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                          is_causal=is_causal, enable_gqa=k.size(1) != q.size(1))
+
+
+def default_mask(T, cache, device):
+    """The causal mask for T new tokens on top of a cache (None when it would allow everything)."""
+    if cache is None or T == 1:
+        return None  # no cache: SDPA's is_causal; one new token: it may see the whole cache
+    return dense_mask(causal_mask, T, cache.length + T, query_offset=cache.length, device=device)
+
+
+def cross_entropy(logits, targets):
+    """Mean cross-entropy over positions whose target is not IGNORE_INDEX; logits (B, T, V)."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX)
+
+
+def autodetect_device():
+    """cuda -> mps -> cpu."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+# -----------------------------------------------------------------------------
+# GPT-2
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest sequence the learned position table covers
+    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for speed
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0  # 0 for pretraining-size data is fine; try 0.1+ when fine-tuning small data
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit better and faster
+
+
+GPT_PRESETS = {
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt-tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=64),  # for tests
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.dropout = config.n_head, config.dropout
+
+    def forward(self, x, layer, mask, cache, n_commit):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)  # each (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        dropout_p = self.dropout if self.training else 0.0
+        y = attention(q, k, v, layer, mask, cache, n_commit, dropout_p)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, layer, mask, cache, n_commit):
+        x = x + self.attn(self.ln_1(x), layer, mask, cache, n_commit)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied embeddings, as GPT-2
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2 paper: scale residual projections by 1/sqrt(2 * n_layer)
+            if name.endswith("c_proj.weight"):
+                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def max_seq_len(self):
+        return self.config.block_size
+
+    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None):
+        """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
+
+        pos: (T,) or (B, T) position ids; default = slot index (cache.length + 0..T-1).
+        mask: (T, S) or (B, T, S) bool, True = may attend, S = cache.length + T; default causal.
+        cache: a KVCache; the first n_commit (default all T) tokens are appended to it.
+        """
+        B, T = idx.size()
+        pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, layer, mask, cache, n_commit)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        if cache is not None:
+            cache.length += n_commit
+        return logits, (cross_entropy(logits, targets) if targets is not None else None)
+
+    def new_cache(self, batch_size, max_len, device, dtype=torch.float32):
+        c = self.config
+        return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head, max_len, device, dtype)
+
+
+def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
+    """Fill in the optional forward() arguments shared by GPT and Llama, and check them."""
+    B, T = idx.size()
+    offset = cache.length if cache is not None else 0
+    if pos is None:
+        pos = torch.arange(offset, offset + T, device=idx.device)  # (T,)
+    if pos.numel() and int(pos.max()) >= max_seq_len:
+        raise ValueError(f"position {int(pos.max())} is past the model's context of {max_seq_len} tokens")
+    if mask is None:
+        mask = default_mask(T, cache, idx.device)
+    n_commit = T if n_commit is None else n_commit
+    if cache is None and n_commit != T:
+        raise ValueError("n_commit only means something with a KV cache")
+    return pos, mask, n_commit
+
+
+# -----------------------------------------------------------------------------
+# Llama 3
+
+
+@dataclass
+class LlamaConfig:
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8  # grouped-query attention: each K/V head serves n_heads // n_kv_heads query heads
+    vocab_size: int = 128256
+    multiple_of: int = 1024  # the FFN hidden size is rounded up to a multiple of this
+    ffn_dim_multiplier: float = 1.3
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    use_scaled_rope: bool = True  # Llama 3.1's long-context frequency scaling (LLAMA.md)
+    rope_scale_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
+    max_seq_len: int = 131072  # longest position the model was trained for
+
+    @property
+    def head_dim(self):
+        return self.dim // self.n_heads
+
+    @property
+    def ffn_hidden(self):
+        hidden = int(2 * 4 * self.dim / 3)  # SwiGLU has 3 matrices, so 2/3 of 4*dim keeps the parameter count
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+
+LLAMA_PRESETS = {
+    "llama3.1-8b": dict(),  # the defaults above are Llama-3.1-8B's params.json
+    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,
+                        multiple_of=256, rope_scale_factor=32.0),
+    "llama-tiny": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, multiple_of=32,
+                       ffn_dim_multiplier=1.3, rope_original_context=64, max_seq_len=512),  # for tests
+}
+
+
+def rope_frequencies(config):
+    """Inverse frequencies (head_dim // 2,) of the rotary embedding, with Llama 3.1's scaling if enabled.
+
+    Llama 3.1 keeps high frequencies (short wavelengths), divides low frequencies by scale_factor (so they
+    stretch over a longer context) and interpolates smoothly in between.
+    """
+    hd = config.head_dim
+    freqs = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    if not config.use_scaled_rope:
+        return freqs.float()
+    scale, low, high, old_ctx = (config.rope_scale_factor, config.rope_low_freq_factor,
+                                 config.rope_high_freq_factor, config.rope_original_context)
+    wavelen = 2 * math.pi / freqs
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * freqs / scale + smooth * freqs
+    scaled = torch.where(wavelen < old_ctx / high, freqs, torch.where(wavelen > old_ctx / low, freqs / scale, smoothed))
+    return scaled.float()
+
+
+def rotary_cos_sin(pos, inv_freq):
+    """cos and sin of angle pos * freq; pos (T,) or (B, T) -> each (T, hd/2) or (B, T, hd/2)."""
+    angles = pos.to(torch.float32)[..., None] * inv_freq  # (..., T, hd/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate x (B, n_heads, T, hd) by the position angles.
+
+    Convention: Meta's interleaved pairs. Pair i of a head is (x[2i], x[2i+1]), rotated by angle pos * freq_i.
+    HF checkpoints use rotate_half pairs (x[i], x[i + hd/2]); their q/k weights are permuted into this
+    convention by the HF loader, so this function is the only rotary code in the project.
+    """
+    if cos.dim() == 3:  # per-row positions (B, T, hd/2) -> broadcast over heads
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, hd/2)
+    x_pairs = x.float().unflatten(-1, (-1, 2))  # (B, nh, T, hd/2, 2)
+    x0, x1 = x_pairs[..., 0], x_pairs[..., 1]  # (B, nh, T, hd/2) each
+    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)  # (B, nh, T, hd/2, 2)
+    return out.flatten(-2).type_as(x)  # (B, nh, T, hd)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()  # computed in fp32, as Meta's reference, then cast back
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+
+    def forward(self, x, cos, sin, layer, mask, cache, n_commit):
+        B, T, C = x.size()
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # keys are cached already rotated
+        y = attention(q, k, v, layer, mask, cache, n_commit, dropout_p=0.0)  # (B, nh, T, hd)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # gate
+        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)  # down
+        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # up
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # SwiGLU
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = LlamaAttention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x, cos, sin, layer, mask, cache, n_commit):
+        h = x + self.attention(self.attention_norm(x), cos, sin, layer, mask, cache, n_commit)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList([LlamaBlock(config) for _ in range(config.n_layers)])
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)  # untied from tok_embeddings
+        self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (hd/2,)
+        if self.tok_embeddings.weight.device.type != "meta":  # a checkpoint overwrites everything anyway
+            self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def max_seq_len(self):
+        return self.config.max_seq_len
+
+    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None):
+        """Same contract as GPT.forward: idx (B, T) -> logits (B, T, vocab) and optional loss."""
+        B, T = idx.size()
+        pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
+        cos, sin = rotary_cos_sin(pos, self.inv_freq)  # (T, hd/2) or (B, T, hd/2)
+        x = self.tok_embeddings(idx)  # (B, T, dim)
+        for layer, block in enumerate(self.layers):
+            x = block(x, cos, sin, layer, mask, cache, n_commit)
+        logits = self.output(self.norm(x))  # (B, T, vocab)
+        if cache is not None:
+            cache.length += n_commit
+        return logits, (cross_entropy(logits, targets) if targets is not None else None)
+
+    def new_cache(self, batch_size, max_len, device, dtype=None):
+        c = self.config
+        dtype = dtype or self.output.weight.dtype
+        return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_len, device, dtype)
+
+
+# -----------------------------------------------------------------------------
+# helpers shared by the scripts
+
+
+def build_model(family, **overrides):
+    """family 'gpt' or 'llama' (or a preset name) -> a randomly initialised model."""
+    if family in GPT_PRESETS:
+        return GPT(GPTConfig(**{**GPT_PRESETS[family], **overrides}))
+    if family in LLAMA_PRESETS:
+        return Llama(LlamaConfig(**{**LLAMA_PRESETS[family], **overrides}))
+    if family == "gpt":
+        return GPT(GPTConfig(**overrides))
+    if family == "llama":
+        return Llama(LlamaConfig(**overrides))
+    known = ["gpt", "llama", *GPT_PRESETS, *LLAMA_PRESETS]
+    raise ValueError(f"unknown model family {family!r}; choose one of {known}")
+
+
+def configure_optimizer(model, weight_decay, learning_rate, betas, device_type):
+    """AdamW with weight decay on matrices only (not on norms, biases or 1-d parameters), as nanoGPT."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    fused = device_type == "cuda"  # the fused kernel is faster where it exists
+    return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
