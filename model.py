@@ -12,6 +12,7 @@ Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's 
 """
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -449,3 +450,47 @@ def configure_optimizer(model, weight_decay, learning_rate, betas, device_type):
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     fused = device_type == "cuda"  # the fused kernel is faster where it exists
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+
+
+# -----------------------------------------------------------------------------
+# checkpoints: one dict per file, written atomically, read back with a shape check on every tensor
+
+
+def save_checkpoint(checkpoint, path):
+    """torch.save to a temp file, then rename: a crash mid-write never destroys the previous checkpoint."""
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)  # atomic on POSIX and Windows
+
+
+def model_from_checkpoint(checkpoint, device):
+    """Rebuild the model a train.py checkpoint describes ({'model_family', 'model_args', 'model'})."""
+    family, args = checkpoint["model_family"], checkpoint["model_args"]
+    model = GPT(GPTConfig(**args)) if family == "gpt" else Llama(LlamaConfig(**args))
+    state = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in checkpoint["model"].items()}
+    check_state_dict(model, state, "checkpoint")
+    model.load_state_dict(state, strict=True)
+    return model.to(device)
+
+
+def check_state_dict(model, state, source):
+    """Raise a clear error for a missing, unexpected or wrongly shaped tensor (load_state_dict's is terse)."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{source} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise ValueError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, "
+                             f"the model expects {tuple(expected[name].shape)}")
+
+
+def load_checkpoint(path, device="cpu"):
+    """-> (model in eval mode, checkpoint dict). A missing file is a clear error."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py config/sbd_small.py)")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    model = model_from_checkpoint(checkpoint, device)
+    model.eval()
+    return model, checkpoint
