@@ -1,0 +1,279 @@
+"""
+Pretrain a small GPT with next-token prediction, then fine-tune the same weights with Set Block Decoding.
+
+    python train.py config/sbd_small.py                    # both stages + the Table-1 report, ~15 min on 2 CPU cores
+    python train.py config/sbd_small.py --sbd_iters=500    # any setting can be overridden
+    python train.py config/sbd_small.py --init_from=resume # continue exactly where a run stopped
+    torchrun --standalone --nproc_per_node=8 train.py config/sbd_small.py   # DDP
+
+Stage 1 (iterations [0, ntp_iters)) is ordinary NTP; its final weights are saved as out_dir/ckpt_ntp.pt,
+the baseline. Stage 2 (the next sbd_iters iterations) fine-tunes them with the SBD loss (Eq. 14 of the
+paper: NTP on the clean half + masked-token prediction on the noisy half) with a fresh optimizer and its
+own warmup and cosine schedule, as one fine-tunes a pretrained checkpoint; saved as out_dir/ckpt_sbd.pt.
+out_dir/ckpt_resume.pt holds everything needed to continue a run exactly.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import sbd
+from configurator import configure
+from model import GPT, GPTConfig, autodetect_device, configure_optimizer, save_checkpoint
+from task import CharTask
+
+# -----------------------------------------------------------------------------
+# default config: the small addition-trace demo (config/sbd_small.py sets the same values, commented)
+out_dir = "out-sbd-small"
+dataset = "addition"  # data/<dataset>/prepare.py makes the data on first use
+init_from = "scratch"  # 'scratch' or 'resume' (from out_dir/ckpt_resume.pt)
+# model (GPT-2 style)
+n_layer = 4
+n_head = 4
+n_embd = 128
+dropout = 0.0
+bias = False
+# batches
+batch_size = 64  # sequences per micro-step
+gradient_accumulation_steps = 1
+# stage 1: NTP pretraining
+ntp_iters = 2000
+ntp_lr = 2e-3
+# stage 2: SBD fine-tuning
+sbd_iters = 2000
+sbd_lr = 1e-3
+k_min = 2  # block size k ~ U{k_min..k_max}, drawn once per step (the paper: 2..16)
+k_max = 16
+ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
+loss_on_answer_only = True  # both losses and the noise only on the completion, as in instruction tuning
+block_phase = "answer"  # where noisy blocks start: 'answer' (the completion's start, like decoding), 'random', 'zero'
+# optimizer (AdamW), per stage: linear warmup then cosine decay to min_lr_ratio * lr
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.99
+grad_clip = 1.0
+warmup_iters = 100
+min_lr_ratio = 0.1
+# logging, evaluation, checkpoints
+log_interval = 50
+eval_interval = 500  # also writes ckpt_resume.pt
+eval_iters = 4  # batches per loss estimate
+halt_after = -1  # stop after this many iterations (time-boxed runs, tests); init_from=resume continues
+report = True  # at the end: calibrate γ on val and print the Table-1 report on test (evaluate.py)
+# system
+seed = 1337
+device = ""  # '' = autodetect cuda -> mps -> cpu
+dtype = "float32"  # 'float32', 'bfloat16' or 'float16' (autocast on cuda)
+compile = False  # torch.compile: worth it on a GPU, slow to start on a CPU
+# -----------------------------------------------------------------------------
+config = configure(globals(), sys.argv[1:])
+if init_from not in ("scratch", "resume"):
+    raise ValueError(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+if not 1 <= k_min <= k_max:
+    raise ValueError(f"block sizes need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
+if block_phase not in ("answer", "random", "zero"):
+    raise ValueError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
+if ntp_weight < 0 or ntp_iters < 0 or sbd_iters < 0:
+    raise ValueError("ntp_weight, ntp_iters and sbd_iters must be >= 0")
+
+# distributed setup: under torchrun each process trains on its own batches, gradients are averaged
+ddp = int(os.environ.get("RANK", -1)) != -1
+if ddp:
+    init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+else:
+    rank, world_size = 0, 1
+    device = device or autodetect_device()
+master = rank == 0
+device_type = "cuda" if device.startswith("cuda") else device
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+autocast = nullcontext() if device_type != "cuda" or dtype == "float32" else torch.autocast("cuda", ptdtype)
+scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))
+os.makedirs(out_dir, exist_ok=True)
+torch.manual_seed(seed + rank)
+rng = torch.Generator().manual_seed(seed + rank)  # batches, block sizes, noise: saved and restored on resume
+
+# data: fixed-length rows, the completion starts at task.prompt_len in every row
+task = CharTask(dataset)
+data = {split: task.training_tensors(split, loss_on_answer_only) for split in ("train", "val")}
+L = task.seq_len
+
+
+def get_batch(split, generator):
+    x, y, answer = data[split]
+    ix = torch.randint(len(x), (batch_size,), generator=generator)
+    return x[ix].to(device), y[ix].to(device), answer[ix].to(device)
+
+
+def block_phases(k, generator):
+    """(B,) position where noisy blocks start, mod k (see sbd.sbd_training_mask)."""
+    if block_phase == "answer":  # decoding starts its first block right after the prompt
+        return torch.full((batch_size,), task.prompt_len % k)
+    if block_phase == "random":
+        return torch.randint(k, (batch_size,), generator=generator)
+    return torch.zeros(batch_size, dtype=torch.long)
+
+
+def forward_loss(model, stage, x, y, answer, k, generator):
+    """-> (loss to optimise, NTP loss, masked-token loss or None) for one batch."""
+    if stage == "ntp":
+        _, loss = model(x, y)
+        return loss, loss.detach(), None
+    maskable = answer if loss_on_answer_only else None
+    idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, block_phases(k, generator).to(device),
+                                            maskable, generator)  # (B, 2L) each, mask (B, 2L, 2L)
+    logits, _ = model(idx, pos=pos, mask=mask)  # (B, 2L, vocab)
+    return sbd.sbd_loss(logits, labels, L, ntp_weight)
+
+
+# model
+model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=L, vocab_size=task.vocab_size,
+                  dropout=dropout, bias=bias)
+model = GPT(GPTConfig(**model_args)).to(device)
+print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, device {device}")
+
+iter_num, stage = 0, "ntp" if ntp_iters > 0 else "sbd"
+resume_path = os.path.join(out_dir, "ckpt_resume.pt")
+checkpoint = None
+if init_from == "resume":
+    if not os.path.exists(resume_path):
+        raise FileNotFoundError(f"init_from=resume but there is no {resume_path}; start with init_from=scratch")
+    checkpoint = torch.load(resume_path, map_location="cpu", weights_only=True)
+    if checkpoint["model_args"] != model_args:
+        raise ValueError(f"{resume_path} was made with model {checkpoint['model_args']}, this config asks for "
+                         f"{model_args}; use the run's original config")
+    model.load_state_dict(checkpoint["model"])
+    iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
+    rng.set_state(checkpoint["rng"])
+    torch.set_rng_state(checkpoint["torch_rng"])
+raw_model = model
+if compile:
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
+
+
+def new_optimizer(stage):
+    lr = ntp_lr if stage == "ntp" else sbd_lr
+    return configure_optimizer(raw_model, weight_decay, lr, (beta1, beta2), device_type)
+
+
+optimizer = new_optimizer(stage)
+if checkpoint is not None:
+    optimizer.load_state_dict(checkpoint["optimizer"])
+checkpoint = None  # free memory
+
+
+def lr_at(it):
+    """Linear warmup then cosine decay to min_lr_ratio * peak, restarted at the start of each stage."""
+    peak, start, length = (ntp_lr, 0, ntp_iters) if it < ntp_iters else (sbd_lr, ntp_iters, sbd_iters)
+    it -= start
+    if it < warmup_iters:
+        return peak * (it + 1) / (warmup_iters + 1)
+    progress = min(1.0, (it - warmup_iters) / max(1, length - warmup_iters))
+    return peak * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+@torch.no_grad()
+def estimate_losses():
+    """Mean NTP loss and masked-token loss (k = 8) per split, on the same batches every time."""
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        generator = torch.Generator().manual_seed(seed)
+        ntp, mtp = [], []
+        for _ in range(eval_iters):
+            batch = get_batch(split, generator)
+            with autocast:
+                _, ntp_loss, mtp_loss = forward_loss(raw_model, "sbd", *batch, min(8, k_max), generator)
+            ntp.append(ntp_loss.item())
+            mtp.append(mtp_loss.item())
+        out[split] = (sum(ntp) / len(ntp), sum(mtp) / len(mtp))
+    model.train()
+    return out
+
+
+def stage_checkpoint(extra=None):
+    """A self-contained checkpoint sample.py / evaluate.py can load (no optimizer)."""
+    return dict(model=raw_model.state_dict(), model_family="gpt", model_args=model_args, config=config,
+                tokenizer=dict(kind="char", chars=task.chars), dataset=dataset, iter_num=iter_num, **(extra or {}))
+
+
+def save_resume():
+    save_checkpoint(dict(stage_checkpoint(), stage=stage, optimizer=optimizer.state_dict(),
+                         rng=rng.get_state(), torch_rng=torch.get_rng_state()), resume_path)
+
+
+# training loop
+total_iters = ntp_iters + sbd_iters
+log_path = os.path.join(out_dir, "log.jsonl")
+t0 = time.time()
+while iter_num < total_iters:
+    if stage == "ntp" and iter_num >= ntp_iters:  # stage 1 done: keep its weights as the NTP baseline
+        if master:
+            save_checkpoint(stage_checkpoint(dict(sbd=None)), os.path.join(out_dir, "ckpt_ntp.pt"))
+            print(f"saved the NTP baseline to {out_dir}/ckpt_ntp.pt; starting SBD fine-tuning")
+        stage, optimizer = "sbd", new_optimizer("sbd")
+
+    if iter_num % eval_interval == 0 and master and iter_num > 0:
+        losses = estimate_losses()
+        print(f"iter {iter_num}: NTP loss train {losses['train'][0]:.4f} val {losses['val'][0]:.4f} | "
+              f"masked-token loss (k=8) train {losses['train'][1]:.4f} val {losses['val'][1]:.4f}")
+        save_resume()
+
+    lr = lr_at(iter_num)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    k = int(torch.randint(k_min, k_max + 1, (1,), generator=rng))  # one block size per step (SBD.md step 2)
+    for micro_step in range(gradient_accumulation_steps):
+        if ddp:  # only synchronise gradients on the last micro-step
+            model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
+        with autocast:
+            loss, ntp_loss, mtp_loss = forward_loss(model, stage, *get_batch("train", rng), k, rng)
+        scaler.scale(loss / gradient_accumulation_steps).backward()
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+    if iter_num % log_interval == 0 and master:
+        dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
+        t0 = time.time()
+        tokens = batch_size * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
+        mtp_text = f", masked-token {mtp_loss.item():.4f} (k={k})" if mtp_loss is not None else ""
+        print(f"iter {iter_num} [{stage}]: loss {loss.item():.4f} (NTP {ntp_loss.item():.4f}{mtp_text}), "
+              f"lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s")
+        with open(log_path, "a") as f:
+            f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=k)) + "\n")
+    iter_num += 1
+    if iter_num == halt_after:
+        break
+
+if master:
+    save_resume()
+    if iter_num == total_iters:
+        if ntp_iters == total_iters:  # NTP only
+            save_checkpoint(stage_checkpoint(dict(sbd=None)), os.path.join(out_dir, "ckpt_ntp.pt"))
+        else:
+            sbd_meta = dict(mask_id=task.mask_id, stop_ids=[task.stop_id], k=16, gamma_low=None, gamma_high=None)
+            save_checkpoint(stage_checkpoint(dict(sbd=sbd_meta)), os.path.join(out_dir, "ckpt_sbd.pt"))
+            print(f"saved the SBD model to {out_dir}/ckpt_sbd.pt")
+            if report:
+                import evaluate
+                evaluate.report(out_dir, device=device)
+    else:
+        print(f"halted after iteration {iter_num}; continue with --init_from=resume")
+if ddp:
+    destroy_process_group()
