@@ -1,0 +1,354 @@
+"""
+Load Llama 3 checkpoints into model.Llama, from either layout people download (facts: LLAMA.md):
+
+- Meta's original layout: params.json + consolidated.00.pth (+ tokenizer.model). Our parameter names are
+  Meta's and model.apply_rotary uses Meta's interleaved rotary pairs, so this is a straight copy.
+- Hugging Face's layout: config.json + model.safetensors or model-*.safetensors shards routed by
+  model.safetensors.index.json. Names go through a short explicit table, and the wq/wk rows are
+  permuted back from HF's rotate_half convention (hf_unpermute below; hf_permute is the inverse).
+
+Either way the model is built on the meta device (no memory, no random init), the weights are
+memory-mapped, every tensor's name and shape is checked against the model, and the tensors are handed over
+with load_state_dict(strict=True, assign=True), so an 8B checkpoint never sits in memory twice.
+
+    model, info = load_llama("Meta-Llama-3.1-8B", device="cuda", dtype=torch.bfloat16)
+
+safetensors is read and written here with the standard library + torch (no extra package).
+"""
+
+import glob
+import json
+import math
+import os
+import re
+import struct
+
+import torch
+
+from model import Llama, LlamaConfig, rope_frequencies
+
+# -----------------------------------------------------------------------------
+# safetensors: 8-byte little-endian header size N, N bytes of JSON, then the raw tensor bytes
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                      "U8": torch.uint8, "BOOL": torch.bool}
+MAX_HEADER_BYTES = 100_000_000  # real headers are a few hundred KB; a bigger one means a corrupt file
+
+
+def read_safetensors_header(path, file_size):
+    """-> ({tensor name: {dtype, shape, data_offsets}}, byte where the tensor data starts)."""
+    if file_size < 8:
+        raise ValueError(f"{path}: truncated safetensors file ({file_size} bytes, not even the header size)")
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))  # little-endian u64
+        if n > MAX_HEADER_BYTES:
+            raise ValueError(f"{path}: safetensors header claims {n} bytes, over the 100 MB limit (corrupt file?)")
+        if 8 + n > file_size:
+            raise ValueError(f"{path}: truncated safetensors file (header of {n} bytes, file of {file_size})")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))  # json.loads ignores the trailing space padding
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: safetensors header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: safetensors header is not a JSON object")
+    header.pop("__metadata__", None)  # free-form strings, nothing we need
+    return header, 8 + n
+
+
+def tensor_from_bytes(file_bytes, data_start, name, entry, path):
+    """One header entry -> a tensor viewing file_bytes (the whole file as uint8), after checking it."""
+    try:
+        dtype_name, shape = entry["dtype"], [int(s) for s in entry["shape"]]
+        begin, end = (int(x) for x in entry["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}") from None
+    if dtype_name not in SAFETENSORS_DTYPES:
+        raise ValueError(f"{path}: tensor {name!r} has dtype {dtype_name!r}, not one of {list(SAFETENSORS_DTYPES)}")
+    dtype = SAFETENSORS_DTYPES[dtype_name]
+    n_bytes = math.prod(shape) * dtype.itemsize
+    if not 0 <= begin <= end or end - begin != n_bytes:
+        raise ValueError(f"{path}: tensor {name!r} has data_offsets [{begin}, {end}], but shape {shape} "
+                         f"of {dtype_name} needs {n_bytes} bytes")
+    if data_start + end > file_bytes.numel():
+        raise ValueError(f"{path}: tensor {name!r} ends at byte {data_start + end}, past the end of the file "
+                         f"({file_bytes.numel()} bytes): the file is truncated or corrupt")
+    raw = file_bytes[data_start + begin:data_start + end]  # (n_bytes,) uint8
+    if (data_start + begin) % dtype.itemsize:  # a dtype view needs aligned bytes; the usual writers align
+        raw = raw.clone()
+    return raw.view(dtype).reshape(shape)
+
+
+def read_safetensors(path):
+    """A .safetensors file -> {name: tensor}, memory-mapped.
+
+    The tensors are views of a private (copy-on-write) map of the file: pages are read from disk when first
+    used, and writing to a tensor never changes the file. Assumes a little-endian machine (all current ones).
+    """
+    file_size = os.path.getsize(path)
+    header, data_start = read_safetensors_header(path, file_size)
+    file_bytes = torch.from_file(os.fspath(path), shared=False, size=file_size, dtype=torch.uint8)  # (file_size,)
+    return {name: tensor_from_bytes(file_bytes, data_start, name, entry, path) for name, entry in header.items()}
+
+
+def write_safetensors(tensors, path, metadata=None):
+    """Write {name: tensor} as .safetensors; metadata is an optional {str: str} dict.
+
+    Tensors are written largest element size first, after a header padded to 8 bytes, so each one starts
+    aligned to its element size (what the reader's zero-copy views need).
+    """
+    dtype_names = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+    names = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    header, offset = {}, 0
+    for name in names:
+        t = tensors[name]
+        if t.dtype not in dtype_names:
+            raise ValueError(f"{path}: cannot write tensor {name!r} of dtype {t.dtype}")
+        header[name] = {"dtype": dtype_names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + t.numel() * t.element_size()]}
+        offset += t.numel() * t.element_size()
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    raw = json.dumps(header).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        for name in names:  # one tensor at a time: no second copy of the whole checkpoint
+            f.write(tensors[name].detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+
+
+# -----------------------------------------------------------------------------
+# rotary permutation between Meta's interleaved pairs and HF's rotate_half pairs
+
+
+def hf_permute(w, n_heads):
+    """Meta -> HF rows of wq (n_heads) or wk (n_kv_heads), as HF's convert_llama_weights_to_hf.py does.
+
+    w: (n_heads * head_dim, dim). Within each head, rotary pair i sits in rows (2i, 2i+1) for Meta and in
+    rows (i, i + head_dim/2) for HF. E.g. one head of 4 rows: Meta rows [0, 1, 2, 3] -> HF order [0, 2, 1, 3].
+    """
+    rows, dim = w.shape
+    pairs = w.reshape(n_heads, rows // n_heads // 2, 2, dim)  # (nh, hd/2, 2, dim): Meta's pairs
+    return pairs.transpose(1, 2).reshape(rows, dim)  # (nh, 2, hd/2, dim): all first elements, then all second
+
+
+def hf_unpermute(w, n_heads):
+    """HF -> Meta rows, the inverse of hf_permute."""
+    rows, dim = w.shape
+    halves = w.reshape(n_heads, 2, rows // n_heads // 2, dim)  # (nh, 2, hd/2, dim): HF's two halves
+    return halves.transpose(1, 2).reshape(rows, dim)  # (nh, hd/2, 2, dim): pairs side by side again
+
+
+# -----------------------------------------------------------------------------
+# shared by both loaders
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def short_list(names, n=8):
+    return ", ".join(names[:n]) + (f", ... ({len(names) - n} more)" if len(names) > n else "")
+
+
+def check_state_dict(model, state_dict, source):
+    """Raise a clear error unless state_dict has exactly the model's tensors, each with the model's shape."""
+    expected = model.state_dict()  # built on the meta device: names and shapes, no memory
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{source}: checkpoint does not match the model. Missing: [{short_list(missing)}]; "
+                         f"unexpected: [{short_list(unexpected)}]")
+    for name, t in state_dict.items():
+        if t.shape != expected[name].shape:
+            raise ValueError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the model expects "
+                             f"{tuple(expected[name].shape)} (does the config match the weights?)")
+
+
+def assign_weights(model, state_dict, device, dtype):
+    """Move/cast tensor by tensor (dtype None keeps the checkpoint's), then hand them to the model."""
+    for name in list(state_dict):
+        state_dict[name] = state_dict[name].to(device=device, dtype=dtype)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    # inv_freq is a non-persistent buffer (not in checkpoints), so it is still on the meta device
+    model.inv_freq = rope_frequencies(model.config).to(device)
+    return model
+
+
+# -----------------------------------------------------------------------------
+# Meta layout
+
+META_KEYS = {"dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "ffn_dim_multiplier",
+             "norm_eps", "rope_theta", "use_scaled_rope", "rope_high_freq_factor"}  # same names in LlamaConfig
+META_RENAMED = {"rope_scaling_factor": "rope_scale_factor"}  # newer params.json (Llama 3.2) may state these two
+META_RUNTIME_KEYS = {"max_batch_size", "max_seq_len"}  # inference settings in Meta's ModelArgs, not the weights
+META_DEFAULTS = dict(multiple_of=256, ffn_dim_multiplier=None, norm_eps=1e-5, rope_theta=500000.0,
+                     use_scaled_rope=False, rope_scale_factor=8.0)  # Meta's defaults, not our 8B ones
+
+
+def config_from_params(params, path):
+    """params.json -> LlamaConfig. Every key must be understood: an ignored key could change the model
+    (a vision tower, quantization, ...). The folder name is never used."""
+    unknown = sorted(set(params) - META_KEYS - set(META_RENAMED) - META_RUNTIME_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; only text-only Llama 3 checkpoints are supported")
+    for key in ("dim", "n_layers", "n_heads", "vocab_size"):
+        if not isinstance(params.get(key), int) or params[key] <= 0:  # Llama 2 writes vocab_size -1
+            raise ValueError(f"{path}: needs a positive integer {key!r}, got {params.get(key)!r}")
+    kw = {**META_DEFAULTS, **{META_RENAMED.get(k, k): v for k, v in params.items() if k not in META_RUNTIME_KEYS}}
+    if kw.get("n_kv_heads") is None:  # absent: one K/V head per query head (no grouped-query attention)
+        kw["n_kv_heads"] = params["n_heads"]
+    return LlamaConfig(**kw)  # rope low_freq_factor 1 and context 8192 are fixed in Meta's code, as ours
+
+
+def load_meta_checkpoint(ckpt_dir, device="cpu", dtype=None):
+    """params.json + consolidated.00.pth -> model.Llama on `device` (dtype None keeps the checkpoint's)."""
+    params_path = os.path.join(ckpt_dir, "params.json")
+    config = config_from_params(read_json(params_path), params_path)
+    shards = sorted(glob.glob(os.path.join(ckpt_dir, "consolidated.*.pth")))
+    if len(shards) != 1:
+        raise ValueError(f"{ckpt_dir}: found {len(shards)} consolidated.*.pth files; only single-shard checkpoints "
+                         "(Llama 3.x 1B/3B/8B) are supported, not the model-parallel shards of bigger models")
+    with torch.device("meta"):
+        model = Llama(config)
+    state_dict = torch.load(shards[0], map_location="cpu", mmap=True, weights_only=True)
+    state_dict.pop("rope.freqs", None)  # a precomputed rotary table in old checkpoints; we compute our own
+    check_state_dict(model, state_dict, shards[0])
+    return assign_weights(model, state_dict, device, dtype)
+
+
+# -----------------------------------------------------------------------------
+# Hugging Face layout
+
+HF_CONFIG = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+             "num_key_value_heads": "n_kv_heads", "vocab_size": "vocab_size", "rms_norm_eps": "norm_eps",
+             "rope_theta": "rope_theta", "max_position_embeddings": "max_seq_len"}
+HF_ROPE = {"factor": "rope_scale_factor", "low_freq_factor": "rope_low_freq_factor",
+           "high_freq_factor": "rope_high_freq_factor", "original_max_position_embeddings": "rope_original_context"}
+HF_REQUIRED = dict(model_type="llama", hidden_act="silu", attention_bias=False, mlp_bias=False,
+                   tie_word_embeddings=False)  # all that model.Llama implements; also HF's defaults if absent
+HF_OTHER_KEYS = {"intermediate_size", "head_dim", "rope_scaling",  # checked below
+                 "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
+                 "transformers_version", "use_cache", "initializer_range", "attention_dropout", "pretraining_tp",
+                 "_name_or_path"}  # bookkeeping and training-only settings: they do not change the forward pass
+HF_KEY_MAP = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+              "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+              "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3", "mlp.down_proj": "feed_forward.w2",
+              "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm"}  # inside model.layers.N
+HF_TOP_KEY_MAP = {"model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
+                  "lm_head.weight": "output.weight"}
+
+
+def config_from_hf(cfg, path):
+    """config.json -> LlamaConfig; anything model.Llama cannot represent exactly is an error."""
+    rope = cfg.get("rope_scaling") or {}  # null: Llama 3.0, no long-context scaling
+    known = set(HF_CONFIG) | set(HF_REQUIRED) | HF_OTHER_KEYS
+    problems = [f"unknown key {k!r}" for k in sorted(set(cfg) - known)]
+    problems += [f"{k}={cfg[k]!r} (need {v!r})" for k, v in HF_REQUIRED.items() if cfg.get(k, v) != v]
+    problems += [f"no {k!r}" for k in [*HF_CONFIG, "intermediate_size"] if k not in cfg]
+    if rope and (rope.get("rope_type", rope.get("type")) != "llama3" or not set(HF_ROPE) <= set(rope)):
+        problems.append(f"rope_scaling {rope} is not Llama 3's (rope_type 'llama3' with {list(HF_ROPE)})")
+    if problems:
+        raise ValueError(f"{path}: unsupported config.json: {'; '.join(problems)}")
+    kw = {ours: cfg[k] for k, ours in HF_CONFIG.items()}
+    if rope:
+        kw.update({ours: rope[k] for k, ours in HF_ROPE.items()})
+    # config.json states the FFN width; LlamaConfig derives it from Meta's recipe (int(8*dim/3) times
+    # ffn_dim_multiplier, rounded up to multiple_of). Rounding up to a multiple of the width itself gives
+    # exactly the width whenever it is >= 8*dim/3, as in every Llama 3; the check below catches the rest.
+    ffn = cfg["intermediate_size"]
+    config = LlamaConfig(**kw, use_scaled_rope=bool(rope), multiple_of=ffn, ffn_dim_multiplier=None)
+    if config.ffn_hidden != ffn or cfg.get("head_dim", config.head_dim) != config.head_dim:
+        raise ValueError(f"{path}: intermediate_size {ffn} / head_dim {cfg.get('head_dim')} cannot be represented "
+                         f"(LlamaConfig gives {config.ffn_hidden} / {config.head_dim})")
+    return config
+
+
+def meta_name(hf_name):
+    """HF parameter name -> Meta name; names we do not know come back unchanged (and are then reported)."""
+    if hf_name in HF_TOP_KEY_MAP:
+        return HF_TOP_KEY_MAP[hf_name]
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", hf_name)
+    if m and m.group(2) in HF_KEY_MAP:
+        return f"layers.{m.group(1)}.{HF_KEY_MAP[m.group(2)]}.weight"
+    return hf_name
+
+
+def read_hf_tensors(ckpt_dir):
+    """{HF name: tensor} from model.safetensors, or from the shards that model.safetensors.index.json names.
+    One layer's tensors can sit in two shards, so every tensor is routed through the weight_map."""
+    index_path = os.path.join(ckpt_dir, "model.safetensors.index.json")
+    if not os.path.exists(index_path):
+        return read_safetensors(os.path.join(ckpt_dir, "model.safetensors"))
+    weight_map = read_json(index_path)["weight_map"]  # {tensor name: shard file name}
+    shards = {shard: read_safetensors(os.path.join(ckpt_dir, shard)) for shard in sorted(set(weight_map.values()))}
+    for name, shard in weight_map.items():
+        if name not in shards[shard]:
+            raise ValueError(f"{index_path}: routes tensor {name!r} to {shard}, which does not contain it")
+    return {name: shards[shard][name] for name, shard in weight_map.items()}
+
+
+def load_hf_checkpoint(ckpt_dir, device="cpu", dtype=None):
+    """config.json + safetensors -> model.Llama on `device`, with wq/wk permuted to Meta's rotary pairs."""
+    config_path = os.path.join(ckpt_dir, "config.json")
+    config = config_from_hf(read_json(config_path), config_path)
+    with torch.device("meta"):
+        model = Llama(config)
+    state_dict = {meta_name(name): t for name, t in read_hf_tensors(ckpt_dir).items()
+                  if not name.endswith("rotary_emb.inv_freq")}  # old HF checkpoints stored the rotary table
+    check_state_dict(model, state_dict, ckpt_dir)
+    for i in range(config.n_layers):
+        wq, wk = f"layers.{i}.attention.wq.weight", f"layers.{i}.attention.wk.weight"
+        state_dict[wq] = hf_unpermute(state_dict[wq], config.n_heads)
+        state_dict[wk] = hf_unpermute(state_dict[wk], config.n_kv_heads)
+    return assign_weights(model, state_dict, device, dtype)
+
+
+# -----------------------------------------------------------------------------
+# entry points
+
+
+def is_meta_dir(d):
+    return os.path.exists(os.path.join(d, "params.json")) and bool(glob.glob(os.path.join(d, "consolidated.*.pth")))
+
+
+def is_hf_dir(d):
+    has_weights = any(os.path.exists(os.path.join(d, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
+    return os.path.exists(os.path.join(d, "config.json")) and has_weights
+
+
+def load_llama(ckpt_dir, device="cpu", dtype=None):
+    """Load whichever layout ckpt_dir holds -> (model, info); info has format, weights_dir, tokenizer_path."""
+    ckpt_dir = os.fspath(ckpt_dir)
+    original = os.path.join(ckpt_dir, "original")  # HF repos keep Meta's files here
+    if is_meta_dir(ckpt_dir):
+        fmt, weights_dir, model = "meta", ckpt_dir, load_meta_checkpoint(ckpt_dir, device, dtype)
+    elif is_hf_dir(ckpt_dir):
+        fmt, weights_dir, model = "hf", ckpt_dir, load_hf_checkpoint(ckpt_dir, device, dtype)
+    elif is_meta_dir(original):
+        fmt, weights_dir, model = "meta", original, load_meta_checkpoint(original, device, dtype)
+    else:
+        raise FileNotFoundError(f"{ckpt_dir}: no Llama checkpoint found. Expected Meta's files (params.json + "
+                                "consolidated.00.pth, here or under original/) or Hugging Face's (config.json + "
+                                "model.safetensors, or model.safetensors.index.json + its shards)")
+    tokenizers = [p for p in (os.path.join(ckpt_dir, "tokenizer.model"), os.path.join(original, "tokenizer.model"))
+                  if os.path.exists(p)]
+    return model, dict(format=fmt, weights_dir=weights_dir, tokenizer_path=tokenizers[0] if tokenizers else None)
+
+
+@torch.no_grad()
+def init_mask_embedding(model, mask_id=128002):
+    """Set the SBD mask token's input embedding (<|reserved_special_token_0|>) to the mean of the other rows.
+
+    Llama 3 never saw this token in training, so its row is arbitrary; the mean embedding is a neutral start
+    for fine-tuning. The output row is left alone: samplers set the mask token's logit to -inf.
+    """
+    emb = model.tok_embeddings.weight  # (vocab, dim)
+    vocab = emb.size(0)
+    if not 0 <= mask_id < vocab:
+        raise ValueError(f"mask_id {mask_id} is outside the vocabulary of {vocab} tokens")
+    total = emb.sum(0, dtype=torch.float32)  # (dim,) summed in fp32: bf16 sums of 128k rows lose digits
+    emb[mask_id] = ((total - emb[mask_id].float()) / (vocab - 1)).to(emb.dtype)
+    return model
