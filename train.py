@@ -115,13 +115,13 @@ def get_batch(split, generator):
     return x[ix].to(device), y[ix].to(device), answer[ix].to(device)
 
 
-def block_phases(k, generator):
-    """(B,) position where noisy blocks start, mod k (see sbd.sbd_training_mask)."""
+def block_phases(answer, k, generator):
+    """(B,) position where noisy blocks start, mod k (see sbd.sbd_training_mask); answer (B, L) bool."""
     if block_phase == "answer":  # decoding starts its first block right after the prompt
-        return torch.full((batch_size,), task.prompt_len % k)
+        return answer.int().argmax(dim=1) % k  # the first answer position of each row
     if block_phase == "random":
-        return torch.randint(k, (batch_size,), generator=generator)
-    return torch.zeros(batch_size, dtype=torch.long)
+        return torch.randint(k, (len(answer),), generator=generator)
+    return torch.zeros(len(answer), dtype=torch.long)
 
 
 def forward_loss(model, stage, x, y, answer, k, generator):
@@ -130,7 +130,7 @@ def forward_loss(model, stage, x, y, answer, k, generator):
         _, loss = model(x, y)
         return loss, loss.detach(), None
     maskable = answer if loss_on_answer_only else None
-    idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, block_phases(k, generator).to(device),
+    idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, block_phases(answer, k, generator).to(device),
                                             maskable, generator)  # (B, 2L) each, mask (B, 2L, 2L)
     logits, _ = model(idx, pos=pos, mask=mask)  # (B, 2L, vocab)
     return sbd.sbd_loss(logits, labels, L, ntp_weight)

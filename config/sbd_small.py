@@ -1,0 +1,30 @@
+# The first command to run: python train.py config/sbd_small.py
+# A 0.8M-parameter GPT learns column addition written out as a reasoning trace (data/addition), first
+# with next-token prediction (the baseline), then SBD fine-tuning of the same weights; at the end
+# evaluate.py calibrates γ on val and prints the paper's Table 1 on the held-out test problems.
+# About 13 minutes on 2 CPU cores; any value can be overridden on the command line (--sbd_iters=500).
+out_dir = "out-sbd-small"
+dataset = "addition"
+
+# model: small enough to train in minutes on a laptop CPU (FINDINGS.md: bigger models undertrain here)
+n_layer = 4
+n_head = 4
+n_embd = 128
+
+batch_size = 64
+
+# stage 1: NTP pretraining, enough for ~99.5% exact answers
+ntp_iters = 1500
+ntp_lr = 2e-3
+
+# stage 2: SBD fine-tuning. The masked-token path needs its own circuit: plan at least as many SBD steps
+# as NTP steps (short fine-tunes learn nothing useful, FINDINGS.md).
+sbd_iters = 1800
+sbd_lr = 1e-3
+k_min = 2  # block size k ~ U{2..16} per step, as in the paper
+k_max = 16
+loss_on_answer_only = True  # prompts are random operands: predicting them is pure noise
+block_phase = "answer"  # noisy blocks start where decoding blocks start: right after the prompt
+
+log_interval = 100
+eval_interval = 500
