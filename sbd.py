@@ -121,3 +121,373 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     ntp = (per_token[:, :L] * labelled[:, :L]).sum() / labelled[:, :L].sum().clamp(min=1)
     mtp = (per_token[:, L:] * labelled[:, L:]).sum() / labelled[:, L:].sum().clamp(min=1)
     return loss, ntp.detach(), mtp.detach()
+
+
+# -----------------------------------------------------------------------------
+# ---- decoding (SBD.md "Inference"): reveal rules, token choice, NTP and SBD decoding through one KV cache
+#
+# Both decoders share one convention, so that their forward counts and timings compare like with like:
+# prompt[:-1] is prefilled causally into the KV cache (one forward, counted apart as "prefill"), and the last
+# prompt token stays "pending": the first decode forward feeds it, as every later one feeds the newest tokens.
+
+import time  # noqa: E402  (used by decoding only; kept here so the training half above stays untouched)
+from dataclasses import dataclass  # noqa: E402
+
+# reveal rules: (B, k, V) probabilities + (B, k) is_masked -> (B, k) reveal, a subset of is_masked with at
+# least one position per row that has any mask. Vectorised over the batch: no per-row Python loop, because
+# a per-sample loop in the sampler ate the whole speed-up of the prototype (FINDINGS.md).
+
+
+def entropy(probs):
+    """Entropy of each position's distribution, (B, k, V) -> (B, k); 0 * log 0 counts as 0."""
+    return torch.special.entr(probs).sum(-1)
+
+
+def sort_masked(key, is_masked):
+    """Sort each row's masked positions by key ascending; ties keep the lower position first (stable sort).
+
+    Returns order (B, k), the block positions in that order with the unmasked ones last, and
+    masked_sorted (B, k) bool, True where the sorted slot holds a masked position.
+    """
+    key = key.masked_fill(~is_masked, float("inf"))  # unmasked positions sort last
+    order = torch.sort(key, dim=1, stable=True).indices  # (B, k)
+    return order, is_masked.gather(1, order)
+
+
+def unsort(accept_sorted, order):
+    """Scatter a decision made in sorted order (B, k) back to block positions (B, k)."""
+    return torch.zeros_like(accept_sorted).scatter(1, order, accept_sorted)
+
+
+def entropy_bound(h_sorted, masked_sorted, gamma):
+    """Eq. 8 on entropies already in reveal order: accept the s-th iff H_(1) + ... + H_(s-1) <= γ.
+
+    Entropies are >= 0, so the running sum only grows and the accepted slots are a prefix of the order;
+    the first masked slot always passes (empty sum 0 <= γ), so every row with a mask reveals at least one.
+    """
+    h = h_sorted.masked_fill(~masked_sorted, 0.0)  # (B, k)
+    before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): sum of the entropies ahead of each slot
+    return masked_sorted & (before <= gamma)
+
+
+def reveal_entropy(probs, is_masked, gamma):
+    """EB-Sampler with the entropy proxy (Ben-Hamu et al. 2025, Eq. 8), the SBD paper's default.
+
+    Rule: sort the masked positions by entropy, lowest first (ties: lower position first). Reveal the s
+    lowest, s >= 1 the largest count with H_(1) + ... + H_(s-1) <= γ, i.e. the revealed entropies minus the
+    largest of them stay within the budget γ. γ = 0 reveals one token per forward (more only where the model
+    is exactly certain, entropy 0); a huge γ reveals every masked position at once.
+    """
+    h = entropy(probs)  # (B, k)
+    order, masked_sorted = sort_masked(h, is_masked)
+    return unsort(entropy_bound(h.gather(1, order), masked_sorted, gamma), order)
+
+
+def reveal_confidence(probs, is_masked, gamma):
+    """EB-Sampler with the confidence proxy (Ben-Hamu et al. 2025, Eq. 18).
+
+    Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower position first),
+    then apply the same entropy bound to the entropies in that order: reveal the first s, s >= 1 the largest
+    count with H_(1) + ... + H_(s-1) <= γ.
+    """
+    order, masked_sorted = sort_masked(-probs.amax(-1), is_masked)
+    return unsort(entropy_bound(entropy(probs).gather(1, order), masked_sorted, gamma), order)
+
+
+def reveal_factor(probs, is_masked, f):
+    """Fast-dLLM's factor rule (Wu et al. 2025, arXiv:2505.22618; SBD paper appendix B.1).
+
+    Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower position first);
+    reveal the first n, n the largest count with (n + 1) * (1 - c_(n)) < f, and at least one. This is
+    Fast-dLLM's rule as its paper writes it and as its code does it (accept the n-th while
+    c_(n) >= 1 - f / (n + 1), the first always); SBD.md's "(n+1)·c_(n) < f" drops the "1 -". c_(n) falls
+    and n + 1 grows along the order, so the accepted positions are a prefix of it.
+    """
+    conf = probs.amax(-1)  # (B, k)
+    order, masked_sorted = sort_masked(-conf, is_masked)
+    n = torch.arange(1, conf.size(1) + 1, device=conf.device)  # (k,): 1-based rank in the order
+    passes = ((n + 1) * (1 - conf.gather(1, order)) < f) | (n == 1)  # (B, k)
+    return unsort(masked_sorted & passes, order)
+
+
+REVEAL_RULES = {"entropy": reveal_entropy, "confidence": reveal_confidence, "factor": reveal_factor}
+
+# -----------------------------------------------------------------------------
+# token choice
+
+
+def suppress_mask(logits, mask_id):
+    """The mask token is an input, never an output: its logit becomes -inf before anything else."""
+    if mask_id is None:
+        return logits
+    logits = logits.clone()
+    logits[..., mask_id] = float("-inf")
+    return logits
+
+
+def pick_tokens(logits, temperature=0.0, top_k=None, generator=None):
+    """(..., V) logits -> (...) token ids.
+
+    Temperature 0 is argmax (greedy, the paper's setting). Otherwise sample from softmax(logits / temperature),
+    restricted to the top_k most likely tokens when top_k is set.
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1).reshape(-1, logits.size(-1))  # (N, V)
+    return torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1])
+
+
+@dataclass
+class BlockSampler:
+    """Turns one forward's block logits into revealed tokens: the sampling settings of sbd_generate."""
+    mask_id: int
+    rule: str = "entropy"  # a key of REVEAL_RULES
+    gamma: float = 0.1  # γ of the EB-Sampler rules, or f of the factor rule
+    temperature: float = 0.0
+    top_k: int = None
+    generator: torch.Generator = None
+
+    def step(self, logits, block, is_masked):
+        """logits (B, k, V), block (B, k) ids, is_masked (B, k) -> (new block, revealed (B, k) bool).
+
+        Tokens are chosen from the logits with the mask token removed; which of them to reveal is decided on
+        the temperature-1 model distribution (also without the mask token), whatever the sampling temperature.
+        """
+        logits = suppress_mask(logits, self.mask_id)
+        tokens = pick_tokens(logits, self.temperature, self.top_k, self.generator)  # (B, k)
+        probs = F.softmax(logits.float(), dim=-1)  # (B, k, V)
+        revealed = REVEAL_RULES[self.rule](probs, is_masked, self.gamma)  # (B, k)
+        return torch.where(revealed, tokens, block), revealed
+
+
+# -----------------------------------------------------------------------------
+# what a decode returns besides the tokens
+
+
+@dataclass
+class Step:
+    """One SBD forward, kept when record_steps=True: the block after the forward and what it revealed."""
+    block_start: int  # index of the block's first token among the generated tokens
+    tokens: torch.Tensor  # (B, kb) the block after this forward, mask_id where still masked
+    revealed: torch.Tensor  # (B, kb) bool, the positions this forward revealed
+
+
+@dataclass
+class DecodeStats:
+    """What one decode cost, per batch row. Counts include the stop token: it had to be generated too."""
+    nfe: list  # decode forwards per row: forwards in which the row still had tokens to produce
+    tokens: list  # tokens generated per row, up to and including the first stop token
+    prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0 for a 1-token prompt)
+    wall_time: float  # seconds, prefill included
+    steps: list = None  # record_steps: one Step per decode forward
+
+    @property
+    def tokens_per_forward(self):
+        """Per row: tokens / decode forwards (1.0 for NTP; the NFE speed-up for SBD)."""
+        return [t / max(n, 1) for t, n in zip(self.tokens, self.nfe)]
+
+
+# -----------------------------------------------------------------------------
+# shared steps of both decoders: checks, prefill, cutting at the stop token
+
+
+def check_prompt(model, prompt, n_slots):
+    """-> prompt as a (B, T0) long tensor on the model's device; n_slots = positions decoding needs past it."""
+    if not torch.is_tensor(prompt):
+        lengths = sorted({len(row) for row in prompt})
+        if len(lengths) > 1:
+            raise ValueError(f"prompts of unequal lengths {lengths}: a batch must share one length "
+                             "(decode them separately)")
+        prompt = torch.tensor(list(prompt), dtype=torch.long)
+    if prompt.dim() == 1:
+        prompt = prompt[None]  # one prompt -> a batch of one
+    if prompt.numel() == 0:
+        raise ValueError("empty prompt: decoding needs at least one token to start from (e.g. a newline)")
+    if prompt.size(1) + n_slots > model.max_seq_len:
+        raise ValueError(f"prompt of {prompt.size(1)} tokens + {n_slots} more positions is past the model's "
+                         f"context of {model.max_seq_len} tokens: shorten the prompt or max_new_tokens")
+    return prompt.to(next(model.parameters()).device)
+
+
+def prefill(model, prompt, max_len):
+    """Write prompt[:-1] into a fresh KV cache with one causal forward.
+
+    Returns (cache, pending (B, 1) = the last prompt token, number of prefill forwards).
+    """
+    B, T0 = prompt.shape
+    cache = model.new_cache(B, max_len, prompt.device, dtype=next(model.parameters()).dtype)
+    if T0 > 1:
+        model(prompt[:, :-1], cache=cache)
+    return cache, prompt[:, -1:], int(T0 > 1)
+
+
+def finish(out, stop, nfe, n_prefill, t0, steps=None):
+    """Cut each row of out (B, N) after its first stop token -> (list of token lists, DecodeStats)."""
+    is_stop = torch.isin(out, stop)  # (B, N)
+    first_stop = is_stop.int().argmax(dim=1)  # (B,): index of the first stop token (0 if none)
+    lengths = torch.where(is_stop.any(dim=1), first_stop + 1, out.size(1)).tolist()
+    tokens = [row[:n] for row, n in zip(out.tolist(), lengths)]
+    stats = DecodeStats(nfe=nfe.tolist(), tokens=lengths, prefill_forwards=n_prefill,
+                        wall_time=time.perf_counter() - t0, steps=steps)
+    return tokens, stats
+
+
+# -----------------------------------------------------------------------------
+# next-token decoding: the baseline
+
+
+@torch.inference_mode()
+def ntp_generate(model, prompt, max_new_tokens, stop_ids=(), temperature=0.0, top_k=None, generator=None,
+                 mask_id=None):
+    """Plain next-token decoding through the KV cache: one forward per generated token.
+
+    prompt (B, T0), rows of equal length. After the prefill, each forward feeds the pending tokens (B, 1) and
+    yields the next ones, so NFE = tokens generated. A row is done at its first stop token; the batch stops
+    when every row is done or after max_new_tokens. mask_id (optional) is never emitted.
+    Returns (tokens, stats): tokens[b] = row b's new ids up to and including its first stop token.
+    """
+    prompt = check_prompt(model, prompt, max_new_tokens)
+    t0 = time.perf_counter()
+    B, T0 = prompt.shape
+    cache, pending, n_prefill = prefill(model, prompt, T0 + max_new_tokens)
+    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
+    out, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), torch.zeros_like(prompt[:, 0])
+    while len(out) < max_new_tokens and not done.all():
+        logits, _ = model(pending, cache=cache)  # (B, 1, V)
+        nfe += ~done  # a row's count stops at its stop token
+        pending = pick_tokens(suppress_mask(logits, mask_id), temperature, top_k, generator)  # (B, 1)
+        out.append(pending)
+        done |= torch.isin(pending[:, 0], stop)
+    return finish(torch.cat(out, dim=1) if out else prompt[:, :0], stop, nfe, n_prefill, t0)
+
+
+# -----------------------------------------------------------------------------
+# set block decoding (Algorithms 2 and 3)
+
+
+def block_forward(model, cache, prev, block):
+    """One SBD forward -> logits of the block slots (B, kb, V).
+
+    Feeds [prev ; block]. prev (B, n_prev) is the pending prompt token or the previous, finished block: it is
+    processed causally and committed to the cache (n_commit = n_prev). The block slots attend to the whole
+    prefix and to each other (hybrid_mask) and are never written to the cache. Position ids are the slot
+    indices, forward's default: block slot i stands for the token at position cache.length + n_prev + i.
+    """
+    L, n_prev = cache.length, prev.size(1)
+    idx = torch.cat([prev, block], dim=1)  # (B, T), T = n_prev + kb
+    T = idx.size(1)
+    mask = dense_mask(lambda q, k: hybrid_mask(q, k, L + n_prev), T, L + T, query_offset=L,
+                      device=idx.device)  # (T, L + T)
+    logits, _ = model(idx, mask=mask, cache=cache, n_commit=n_prev)  # (B, T, V)
+    return logits[:, n_prev:]  # a block slot predicts the token at its own position
+
+
+def stop_reached(block, is_masked, stop):
+    """(B,) bool: rows whose block holds a stop token with every position up to it revealed.
+
+    Such a row is finished: what follows its stop token is cut anyway, so waiting for those positions would
+    only waste forwards (FINDINGS.md pitfall 3: the stop token is often revealed first).
+    """
+    prefix_revealed = (~is_masked).int().cumprod(dim=1).bool()  # (B, kb)
+    return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
+
+
+def decode_block(model, cache, prev, kb, active, sampler, stop):
+    """Algorithm 3: fill a block of kb masks for every active row; the first forward also commits prev.
+
+    The batch runs forwards until every active row's block is full; each row reveals its own positions and
+    a row that reaches its stop token leaves at once. Returns block (B, kb), finished (B,) bool,
+    nfe (B,) = forwards in which each row still had masks, and steps = [(block, revealed)] per forward.
+    """
+    B = prev.size(0)
+    block = prev.new_full((B, kb), sampler.mask_id)  # (B, kb)
+    is_masked = active[:, None].expand(B, kb).clone()  # rows already done take no part
+    finished, nfe, steps = torch.zeros_like(active), torch.zeros_like(prev[:, 0]), []
+    while is_masked.any():
+        logits = block_forward(model, cache, prev, block)  # (B, kb, V)
+        prev = prev[:, :0]  # committed now: later forwards of this block feed the block alone
+        nfe += is_masked.any(dim=1)
+        block, revealed = sampler.step(logits, block, is_masked)
+        is_masked &= ~revealed
+        finished |= stop_reached(block, is_masked, stop)
+        is_masked &= ~finished[:, None]
+        steps.append((block, revealed))
+    return block, finished, nfe, steps
+
+
+@torch.inference_mode()
+def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_tokens=256, stop_ids=(),
+                 temperature=0.0, top_k=None, generator=None, record_steps=False):
+    """Set Block Decoding through the KV cache (Algorithms 2 and 3 of the paper).
+
+    prompt (B, T0), rows of equal length. Blocks of k tokens (the last one shorter if max_new_tokens says so)
+    start as k mask tokens (mask_id); each forward predicts every masked position and `rule` (a key of
+    REVEAL_RULES, threshold gamma: γ of the EB-Sampler, f of the factor rule) reveals some of them.
+    The first forward of a block feeds [previous block ; block] and commits the previous block causally,
+    later ones feed the block alone; nothing of a block's bidirectional forwards is ever cached.
+    Rows reveal independently: the result of a row is the same as decoding it alone. A row is done as soon
+    as it has revealed a stop token and everything before it; it is cut after that stop token.
+    Returns (tokens, stats): tokens[b] = row b's new ids up to and including its first stop token;
+    stats.nfe[b] counts the decode forwards in which row b still had masks (record_steps: stats.steps).
+    """
+    check_sbd_args(model, k, gamma, rule, mask_id, stop_ids)
+    prompt = check_prompt(model, prompt, max_new_tokens + k)
+    t0 = time.perf_counter()
+    B, T0 = prompt.shape
+    cache, prev, n_prefill = prefill(model, prompt, T0 + max_new_tokens + k)
+    sampler = BlockSampler(mask_id, rule, gamma, temperature, top_k, generator)
+    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
+    blocks, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), torch.zeros_like(prompt[:, 0])
+    steps, n_out = [] if record_steps else None, 0
+    while n_out < max_new_tokens and not done.all():
+        kb = min(k, max_new_tokens - n_out)
+        block, finished, block_nfe, block_steps = decode_block(model, cache, prev, kb, ~done, sampler, stop)
+        if record_steps:
+            steps += [Step(n_out, tokens.cpu(), revealed.cpu()) for tokens, revealed in block_steps]
+        blocks.append(block)
+        prev, done, nfe, n_out = block, done | finished, nfe + block_nfe, n_out + kb
+    out = torch.cat(blocks, dim=1) if blocks else prompt[:, :0]
+    return finish(out, stop, nfe, n_prefill, t0, steps)
+
+
+def check_sbd_args(model, k, gamma, rule, mask_id, stop_ids):
+    """Clear errors for settings sbd_generate cannot run with."""
+    if k < 1:
+        raise ValueError(f"block size k must be at least 1, got {k}")
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0 (0 reveals one token per forward), got {gamma}")
+    if rule not in REVEAL_RULES:
+        raise ValueError(f"unknown reveal rule {rule!r}; choose one of {sorted(REVEAL_RULES)}")
+    vocab_size = model.config.vocab_size
+    if mask_id is None or not 0 <= mask_id < vocab_size:
+        raise ValueError(f"mask id {mask_id} is outside the model's vocabulary of {vocab_size} tokens")
+    if mask_id in stop_ids:
+        raise ValueError(f"mask id {mask_id} cannot also be a stop token")
+
+
+def format_steps(steps, decode, mask_id, prompt=None, row=0):
+    """The paper's Figure 2b in a terminal: one row's block after each of its forwards, as text.
+
+    Tokens revealed by that forward are shown [x], still-masked positions _, earlier reveals plainly.
+    steps: stats.steps of sbd_generate(record_steps=True); decode: ids -> text (e.g. tokenizer.decode).
+    """
+    lines = [f"prompt {prompt!r}"] if prompt is not None else []
+    taken = [s for s in steps if s.revealed[row].any()]  # the forwards this row took part in
+    for i, step in enumerate(taken):
+        cells = [format_cell(decode, t, new, mask_id)
+                 for t, new in zip(step.tokens[row].tolist(), step.revealed[row].tolist())]
+        last = step.block_start + len(cells) - 1
+        lines.append(f"forward {i + 1:3d}  tokens {step.block_start:3d}-{last:<3d}  {''.join(cells)}")
+    return "\n".join(lines)
+
+
+def format_cell(decode, token, newly_revealed, mask_id):
+    """One block position: '_' masked, '[x]' revealed by this forward, 'x' revealed before."""
+    if token == mask_id:  # revealed tokens are never the mask token (suppress_mask)
+        return "_"
+    text = decode([token]).replace("\n", "\\n")  # keep one line per forward
+    return f"[{text}]" if newly_revealed else text

@@ -1,0 +1,104 @@
+"""
+Sample from a trained model with next-token decoding (NTP), Set Block Decoding (SBD), or both side by side.
+
+    python sample.py --out_dir=out-sbd-small --start=" Q:52+228=?A:"            # SBD and NTP, compared
+    python sample.py --out_dir=out-sbd-small --show_steps=True --num_samples=1  # the paper's Figure 2b
+
+Loads out_dir/ckpt_sbd.pt (or ckpt_ntp.pt with --ckpt=ntp), written by train.py. For every sample it prints
+the text and one summary line: tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of
+the same model and prompt, both through the KV cache. Both decoders prefill prompt[:-1] with one causal
+forward that is not counted in the NFE (see the decoding section of sbd.py).
+"""
+
+import os
+import sys
+
+import torch
+
+from configurator import configure
+from model import autodetect_device, load_checkpoint
+from sbd import format_steps, ntp_generate, sbd_generate
+from tokenizer import CharTokenizer
+
+# -----------------------------------------------------------------------------
+out_dir = "out-sbd-small"  # where train.py wrote ckpt_sbd.pt and ckpt_ntp.pt
+ckpt = "sbd"  # 'sbd' -> ckpt_sbd.pt, 'ntp' -> ckpt_ntp.pt (the NTP baseline, mode=ntp only)
+start = "\n"  # the prompt, or FILE:path to read it from a file
+mode = "both"  # 'sbd', 'ntp', or 'both': decode each sample both ways and compare
+k = None  # SBD block size; None = the checkpoint's (16 in the paper)
+gamma = None  # threshold of the reveal rule (γ, or f for 'factor'); None = the checkpoint's gamma_low
+rule = "entropy"  # 'entropy' or 'confidence' (EB-Sampler), 'factor' (Fast-dLLM)
+temperature = 0.0  # 0 = greedy, the paper's setting; > 0 samples
+top_k = None  # with temperature > 0: sample among the top_k most likely tokens only
+max_new_tokens = 256  # stop here if no stop token came
+num_samples = 3
+seed = 1337
+stop = None  # stop token ids, e.g. [0]; None = the checkpoint's
+show_steps = False  # print the SBD block after every forward ([x] = just revealed, _ = masked)
+device = autodetect_device()  # cuda -> mps -> cpu
+configure(globals(), sys.argv[1:])
+# -----------------------------------------------------------------------------
+
+torch.manual_seed(seed)
+path = os.path.join(out_dir, f"ckpt_{ckpt}.pt")
+model, checkpoint = load_checkpoint(path, device)
+info = checkpoint.get("sbd")  # None for an NTP-only model
+if mode not in ("sbd", "ntp", "both"):
+    raise SystemExit(f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
+if mode != "ntp" and info is None:
+    raise SystemExit(f"{path} is not an SBD model (its 'sbd' entry is None): use --mode=ntp, "
+                     "or the SBD checkpoint (--ckpt=sbd)")
+if checkpoint["tokenizer"]["kind"] != "char":
+    raise SystemExit(f"sample.py reads character-level checkpoints; this one has {checkpoint['tokenizer']}")
+tokenizer = CharTokenizer(checkpoint["tokenizer"]["chars"])
+
+info = info or {}
+k = k or info.get("k") or 16
+gamma = info.get("gamma_low") if gamma is None else gamma
+if gamma is None and mode != "ntp":
+    gamma = 0.01  # tiny models need a far lower γ than the paper's (FINDINGS.md); evaluate.py calibrates one
+    print(f"the checkpoint has no calibrated γ (run evaluate.py); using γ={gamma}")
+stop_ids = info.get("stop_ids", []) if stop is None else list(stop)
+mask_id = info.get("mask_id")  # NTP decoding never emits it either
+
+if start.startswith("FILE:"):
+    with open(start[5:], encoding="utf-8") as f:
+        start = f.read()
+unknown = sorted(set(start) - set(tokenizer.chars))
+if unknown:
+    raise SystemExit(f"the prompt has characters outside the model's vocabulary: {unknown}")
+prompt = torch.tensor([tokenizer.encode(start)], device=device)  # (1, T0)
+generator = torch.Generator(device).manual_seed(seed)
+sbd_args = dict(k=k, gamma=gamma, rule=rule, mask_id=mask_id, stop_ids=stop_ids, temperature=temperature,
+                top_k=top_k, generator=generator)
+ntp_args = dict(stop_ids=stop_ids, temperature=temperature, top_k=top_k, generator=generator, mask_id=mask_id)
+
+# warm up both paths, so that the first sample's wall clock is not the one that pays for lazy setup
+if mode != "ntp":
+    sbd_generate(model, prompt, max_new_tokens=2, **sbd_args)
+if mode != "sbd":
+    ntp_generate(model, prompt, 2, **ntp_args)
+
+for i in range(num_samples):
+    print(f"---------- sample {i + 1}")
+    if mode != "ntp":
+        sbd_out, s = sbd_generate(model, prompt, max_new_tokens=max_new_tokens, record_steps=show_steps,
+                                  **sbd_args)
+        print(start + tokenizer.decode(sbd_out[0]))
+    if mode != "sbd":
+        ntp_out, n = ntp_generate(model, prompt, max_new_tokens, **ntp_args)
+        if mode == "both" and ntp_out[0] != sbd_out[0]:
+            print("NTP decoding of the same prompt gives:")
+        if mode == "ntp" or ntp_out[0] != sbd_out[0]:
+            print(start + tokenizer.decode(ntp_out[0]))
+    sbd_line = (f"SBD k={k} γ={gamma:g}: {s.tokens[0]} tokens in {s.nfe[0]} forwards "
+                f"({s.tokens_per_forward[0]:.2f} tok/fwd)") if mode != "ntp" else ""
+    if mode == "both":
+        print(f"{sbd_line} vs NTP {n.nfe[0]} forwards; wall {s.wall_time:.2f} s vs {n.wall_time:.2f} s "
+              f"({n.wall_time / s.wall_time:.1f}x)")
+    elif mode == "sbd":
+        print(f"{sbd_line}; wall {s.wall_time:.2f} s")
+    else:
+        print(f"NTP: {n.tokens[0]} tokens in {n.nfe[0]} forwards; wall {n.wall_time:.2f} s")
+    if show_steps and mode != "ntp":
+        print(format_steps(s.steps, tokenizer.decode, mask_id))

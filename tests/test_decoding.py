@@ -1,0 +1,368 @@
+"""
+NTP and SBD decoding through the KV cache, checked against uncached references written out here.
+
+The SBD reference decodes one row with no cache at all: every forward recomputes the whole sequence
+[prompt ; committed blocks ; block] with a dense hybrid mask. Cached decoding must match it token for
+token AND forward for forward (the same positions revealed at every step), which it can only do if the
+cache holds exactly the causal prefix: a cache that kept block keys, or missed a committed block, fails.
+Models are tiny, random and in float64, so that cached and uncached logits agree to ~1e-12 and no argmax
+or entropy comparison can flip on rounding.
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import model as model_lib
+import sbd
+from model import dense_mask
+from sbd import hybrid_mask
+
+FAMILIES = ["gpt-tiny", "llama-tiny"]
+GAMMA = {"gpt-tiny": 1.5, "llama-tiny": 2.0}  # moderate for these random models: 1-4 reveals per forward
+
+
+def random_model(family, seed=0):
+    """A tiny random model with weights of std 0.5, whose predictions are peaked enough to vary."""
+    torch.manual_seed(seed)
+    m = model_lib.build_model(family)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.5)
+    return m.double().eval()
+
+
+def mask_id_of(m):
+    return m.config.vocab_size - 1  # the last id plays the mask token
+
+
+def random_prompts(m, B, T0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, m.config.vocab_size - 1, (B, T0), generator=g)
+
+# -----------------------------------------------------------------------------
+# uncached references, one row at a time
+
+
+@torch.no_grad()
+def reference_ntp(m, prompt_row, max_new_tokens, stop_ids=()):
+    """Greedy NTP recomputing the whole context every step (what nanoGPT's sampler does)."""
+    seq, out = list(prompt_row), []
+    while len(out) < max_new_tokens:
+        logits, _ = m(torch.tensor([seq + out]))
+        out.append(int(logits[0, -1].argmax()))
+        if out[-1] in stop_ids:
+            break
+    return out
+
+
+@torch.no_grad()
+def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=()):
+    """Greedy SBD of one row with no cache. Returns (tokens, forwards): forwards[i] = (block start,
+    sorted positions revealed) of the i-th forward."""
+    mask_id, seq, out, forwards = mask_id_of(m), list(prompt_row), [], []
+    while len(out) < max_new_tokens:
+        block = [mask_id] * min(k, max_new_tokens - len(out))
+        masked = [True] * len(block)
+        while any(masked):
+            logits = uncached_block_logits(m, seq + out, block)  # (kb, V)
+            logits[:, mask_id] = float("-inf")
+            probs = torch.softmax(logits, dim=-1)[None]  # (1, kb, V)
+            revealed = sbd.REVEAL_RULES[rule](probs, torch.tensor([masked]), gamma)[0].tolist()
+            for i, r in enumerate(revealed):
+                if r:
+                    block[i], masked[i] = int(logits[i].argmax()), False
+            forwards.append((len(out), [i for i, r in enumerate(revealed) if r]))
+            stop_at = first_stop_with_prefix_revealed(block, masked, stop_ids)
+            if stop_at is not None:
+                return out + block[:stop_at + 1], forwards
+        out += block
+    return out, forwards
+
+
+def uncached_block_logits(m, prefix, block):
+    """Logits of the block slots for [prefix ; block]: causal prefix, bidirectional block, positions 0.."""
+    idx = torch.tensor([prefix + block])
+    T, start = idx.size(1), len(prefix)
+    mask = dense_mask(lambda q, k: hybrid_mask(q, k, start), T, T)  # (T, T)
+    logits, _ = m(idx, pos=torch.arange(T), mask=mask)
+    return logits[0, start:].clone()
+
+
+def first_stop_with_prefix_revealed(block, masked, stop_ids):
+    for i, (token, is_masked) in enumerate(zip(block, masked)):
+        if is_masked:
+            return None
+        if token in stop_ids:
+            return i
+    return None
+
+
+def forwards_of_row(stats, b):
+    """The (block start, revealed positions) of the forwards row b took part in (it reveals >= 1 in each)."""
+    return [(s.block_start, torch.nonzero(s.revealed[b]).flatten().tolist())
+            for s in stats.steps if s.revealed[b].any()]
+
+# -----------------------------------------------------------------------------
+# cached == uncached
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("B", [1, 3])
+def test_cached_ntp_equals_uncached(family, B):
+    m = random_model(family)
+    prompts = random_prompts(m, B, 5)
+    tokens, stats = sbd.ntp_generate(m, prompts, 20)
+    for b in range(B):
+        assert tokens[b] == reference_ntp(m, prompts[b].tolist(), 20)
+    assert stats.nfe == [20] * B and stats.tokens == [20] * B and stats.prefill_forwards == 1
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("k", [1, 4, 16])
+@pytest.mark.parametrize("B", [1, 3])
+def test_cached_sbd_equals_uncached(family, k, B):
+    m = random_model(family)
+    prompts = random_prompts(m, B, 5, seed=k)
+    tokens, stats = sbd.sbd_generate(m, prompts, k, GAMMA[family], mask_id=mask_id_of(m), max_new_tokens=22,
+                                     record_steps=True)
+    for b in range(B):
+        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, GAMMA[family], "entropy", 22)
+        assert tokens[b] == ref_tokens, f"row {b}: tokens differ from the uncached reference"
+        assert forwards_of_row(stats, b) == ref_forwards, f"row {b}: reveal steps differ"
+        assert stats.nfe[b] == len(ref_forwards)
+    assert stats.tokens == [22] * B and stats.prefill_forwards == 1
+    if k > 1:
+        assert sum(stats.nfe) < 22 * B, "γ too small to test parallel reveals"
+
+
+@pytest.mark.parametrize("rule", ["confidence", "factor"])
+def test_other_rules_cached_equal_uncached(rule):
+    m = random_model("gpt-tiny")
+    prompts = random_prompts(m, 2, 4)
+    threshold = {"confidence": 1.5, "factor": 1.0}[rule]
+    tokens, stats = sbd.sbd_generate(m, prompts, 8, threshold, rule=rule, mask_id=mask_id_of(m),
+                                     max_new_tokens=20, record_steps=True)
+    for b in range(2):
+        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 8, threshold, rule, 20)
+        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards
+
+
+def test_one_token_prompt_has_no_prefill():
+    m = random_model("llama-tiny")
+    prompt = random_prompts(m, 1, 1)
+    tokens, stats = sbd.sbd_generate(m, prompt, 4, 2.0, mask_id=mask_id_of(m), max_new_tokens=9)
+    assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 4, 2.0, "entropy", 9)[0]
+    assert stats.prefill_forwards == 0 and stats.tokens == [9]
+    assert sbd.ntp_generate(m, prompt, 5)[1].prefill_forwards == 0
+
+
+class CommitsEverything(torch.nn.Module):
+    """A broken cache policy: every token of every forward is written, block slots included."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m, self.config, self.max_seq_len = m, m.config, m.max_seq_len
+
+    def forward(self, idx, **kwargs):
+        return self.m(idx, **{**kwargs, "n_commit": None})
+
+    def new_cache(self, *args, **kwargs):
+        return self.m.new_cache(*args, **kwargs)
+
+
+def test_reference_catches_a_cache_that_keeps_block_keys():
+    """The equality tests above can fail: a cache that keeps the block's keys decodes differently."""
+    m = random_model("gpt-tiny")
+    prompt = random_prompts(m, 1, 5)
+    expected = reference_sbd(m, prompt[0].tolist(), 4, 1.5, "entropy", 16)[0]
+    try:
+        tokens, _ = sbd.sbd_generate(CommitsEverything(m), prompt, 4, 1.5, mask_id=mask_id_of(m),
+                                     max_new_tokens=16)
+    except ValueError:  # or it runs out of cache/context first
+        return
+    assert tokens[0] != expected
+
+# -----------------------------------------------------------------------------
+# batches, stop tokens, the mask token
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_equals_each_row_alone(family):
+    m = random_model(family, seed=1)
+    prompts = random_prompts(m, 4, 6, seed=1)
+    mask_id = mask_id_of(m)
+    plain, _ = sbd.sbd_generate(m, prompts, 8, GAMMA[family], mask_id=mask_id, max_new_tokens=24)
+    stop = [plain[1][10]]  # a token row 1 really emits, so at least one row stops early
+    tokens, stats = sbd.sbd_generate(m, prompts, 8, GAMMA[family], mask_id=mask_id, max_new_tokens=24,
+                                     stop_ids=stop)
+    for b in range(4):
+        alone, alone_stats = sbd.sbd_generate(m, prompts[b:b + 1], 8, GAMMA[family], mask_id=mask_id,
+                                              max_new_tokens=24, stop_ids=stop)
+        assert tokens[b] == alone[0] and stats.nfe[b] == alone_stats.nfe[0]
+    ntp_tokens, ntp_stats = sbd.ntp_generate(m, prompts, 24, stop_ids=stop)
+    for b in range(4):
+        alone, alone_stats = sbd.ntp_generate(m, prompts[b:b + 1], 24, stop_ids=stop)
+        assert ntp_tokens[b] == alone[0] and ntp_stats.nfe[b] == alone_stats.nfe[0]
+
+
+@pytest.mark.parametrize("k", [4, 16])
+def test_stop_token_ends_rows_early_and_truncates(k):
+    m = random_model("gpt-tiny", seed=2)
+    prompts = random_prompts(m, 3, 5, seed=2)
+    mask_id = mask_id_of(m)
+    plain, plain_stats = sbd.sbd_generate(m, prompts, k, 1.5, mask_id=mask_id, max_new_tokens=30)
+    stop = plain[0][13]
+    tokens, stats = sbd.sbd_generate(m, prompts, k, 1.5, mask_id=mask_id, max_new_tokens=30, stop_ids=[stop],
+                                     record_steps=True)
+    for b in range(3):
+        if stop in plain[b]:  # stopping changes nothing before the stop token: the text is just cut there
+            assert tokens[b] == plain[b][:plain[b].index(stop) + 1]
+            assert stats.tokens[b] == len(tokens[b]), "the stop token counts as a generated token"
+        else:
+            assert tokens[b] == plain[b]
+        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, 1.5, "entropy", 30, [stop])
+        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards
+    assert stats.nfe[0] < plain_stats.nfe[0], "row 0 should stop before max_new_tokens"
+
+
+def test_row_stops_without_waiting_for_the_rest_of_its_block():
+    """A stop token revealed with everything before it ends the row, even with masks left after it."""
+    m = random_model("gpt-tiny", seed=2)
+    prompt = random_prompts(m, 1, 5, seed=2)
+    plain, _ = sbd.sbd_generate(m, prompt, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=16)
+    stop = plain[0][2]
+    tokens, stats = sbd.sbd_generate(m, prompt, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=16,
+                                     stop_ids=[stop], record_steps=True)
+    assert tokens[0] == plain[0][:plain[0].index(stop) + 1]
+    last = stats.steps[-1]
+    assert (last.tokens[0] == mask_id_of(m)).any(), "the row went on revealing after its stop token"
+
+
+def test_ntp_stop_tokens():
+    m = random_model("llama-tiny", seed=3)
+    prompts = random_prompts(m, 3, 4, seed=3)
+    plain, _ = sbd.ntp_generate(m, prompts, 25)
+    stop = plain[2][7]
+    tokens, stats = sbd.ntp_generate(m, prompts, 25, stop_ids=[stop])
+    for b in range(3):
+        expected = plain[b][:plain[b].index(stop) + 1] if stop in plain[b] else plain[b]
+        assert tokens[b] == expected == reference_ntp(m, prompts[b].tolist(), 25, [stop])
+        assert stats.nfe[b] == stats.tokens[b] == len(expected)
+
+
+def mask_loving(m):
+    """Make the mask token the argmax everywhere by adding 100 to its output logit."""
+    head = m.lm_head if hasattr(m, "lm_head") else m.output
+    mask_id = mask_id_of(m)
+
+    def boost(module, inputs, logits):
+        logits = logits.clone()
+        logits[..., mask_id] += 100.0
+        return logits
+
+    head.register_forward_hook(boost)
+    return m
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_mask_token_never_in_output(family, temperature):
+    m = mask_loving(random_model(family))
+    mask_id = mask_id_of(m)
+    prompts = random_prompts(m, 2, 4)
+    logits, _ = m(prompts)
+    assert (logits.argmax(-1) == mask_id).all(), "the test model must prefer the mask token"
+    g = torch.Generator().manual_seed(0)
+    tokens, _ = sbd.sbd_generate(m, prompts, 4, 1.0, mask_id=mask_id, max_new_tokens=12,
+                                 temperature=temperature, top_k=5, generator=g)
+    ntp_tokens, _ = sbd.ntp_generate(m, prompts, 12, temperature=temperature, generator=g, mask_id=mask_id)
+    for row in tokens + ntp_tokens:
+        assert len(row) == 12 and mask_id not in row
+
+
+def test_max_new_tokens_not_a_multiple_of_k():
+    m = random_model("gpt-tiny")
+    prompts = random_prompts(m, 2, 3)
+    tokens, stats = sbd.sbd_generate(m, prompts, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=21,
+                                     record_steps=True)
+    assert [len(t) for t in tokens] == [21, 21] and stats.tokens == [21, 21]
+    assert {s.block_start for s in stats.steps} == {0, 16} and stats.steps[-1].tokens.shape == (2, 5)
+
+
+def test_stats_add_up():
+    m = random_model("gpt-tiny")
+    tokens, stats = sbd.sbd_generate(m, random_prompts(m, 2, 3), 8, 1.5, mask_id=mask_id_of(m),
+                                     max_new_tokens=16, record_steps=True)
+    assert len(stats.steps) == max(stats.nfe)
+    assert stats.tokens_per_forward == [t / n for t, n in zip(stats.tokens, stats.nfe)]
+    assert stats.wall_time > 0
+    for b in range(2):
+        assert sum(int(s.revealed[b].sum()) for s in stats.steps) == 16, "every position revealed once"
+
+# -----------------------------------------------------------------------------
+# clear errors
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gamma=-0.1), "gamma"),
+    (dict(k=0), "block size"),
+    (dict(mask_id=64), "outside"),
+    (dict(mask_id=-1), "outside"),
+    (dict(mask_id=None), "outside"),
+    (dict(max_new_tokens=50), "context"),  # 5 + 50 + 16 > block_size 64
+    (dict(prompt=torch.zeros(1, 0, dtype=torch.long)), "empty"),
+    (dict(prompt=[[1, 2, 3], [1, 2]]), "unequal"),
+    (dict(rule="greedy"), "rule"),
+    (dict(stop_ids=[63]), "stop"),
+])
+def test_sbd_errors(kwargs, message):
+    m = random_model("gpt-tiny")
+    args = dict(prompt=random_prompts(m, 1, 5), k=16, gamma=0.5, mask_id=63, max_new_tokens=8)
+    with pytest.raises(ValueError, match=message):
+        sbd.sbd_generate(m, **{**args, **kwargs})
+
+
+def test_ntp_errors():
+    m = random_model("gpt-tiny")
+    with pytest.raises(ValueError, match="context"):
+        sbd.ntp_generate(m, random_prompts(m, 1, 5), 60)
+    with pytest.raises(ValueError, match="empty"):
+        sbd.ntp_generate(m, [[]], 4)
+
+# -----------------------------------------------------------------------------
+# sample.py on tiny checkpoints in the train.py format
+
+
+CHARS = "\n_abcdefghijklmnopqrstuvwxyz +=?.,"  # '\n' (id 0) stops, '_' (id 1) is the mask token
+
+
+def write_checkpoint(path, sbd_info):
+    torch.manual_seed(0)
+    m = model_lib.build_model("gpt-tiny", vocab_size=len(CHARS))
+    checkpoint = {"model": m.state_dict(), "model_family": "gpt", "model_args": dataclasses.asdict(m.config),
+                  "config": {}, "tokenizer": {"kind": "char", "chars": CHARS}, "sbd": sbd_info}
+    torch.save(checkpoint, path)
+
+
+def run_sample(out_dir, *args):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "sample.py", f"--out_dir={out_dir}", "--device=cpu", *args],
+                          cwd=root, capture_output=True, text=True, timeout=120)
+
+
+def test_sample_script(tmp_path):
+    sbd_info = {"mask_id": 1, "stop_ids": [0], "gamma_low": 0.5, "gamma_high": 1.5, "k": 8}
+    write_checkpoint(tmp_path / "ckpt_sbd.pt", sbd_info)
+    write_checkpoint(tmp_path / "ckpt_ntp.pt", None)
+    done = run_sample(tmp_path, "--start=ab", "--mode=both", "--num_samples=2", "--max_new_tokens=20",
+                      "--show_steps=True")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("SBD k=8") == 2 and "forwards" in done.stdout and "vs NTP" in done.stdout
+    failed = run_sample(tmp_path, "--ckpt=ntp", "--mode=sbd")
+    assert failed.returncode != 0 and "not an SBD model" in failed.stderr

@@ -1,0 +1,210 @@
+"""
+The reveal rules and the token choice of sbd.py, each checked against its rule written out again here
+by hand: a plain per-row Python loop over sorted lists, slow but obviously the rule in the paper.
+"""
+
+import math
+
+import pytest
+import torch
+
+import sbd
+
+# -----------------------------------------------------------------------------
+# the rules, written out independently, one row at a time
+
+
+def by_hand_entropy(probs, masked, gamma):
+    """EB-Sampler Eq. 8: entropy ascending (ties: lower position); largest s with H_(1)+..+H_(s-1) <= γ."""
+    h = [entropy_of(p) for p in probs]
+    order = sorted((i for i in range(len(h)) if masked[i]), key=lambda i: (h[i], i))
+    return reveal_largest_prefix(order, lambda s: sum(h[i] for i in order[:s - 1]) <= gamma)
+
+
+def by_hand_confidence(probs, masked, gamma):
+    """EB-Sampler Eq. 18: confidence descending (ties: lower position); same entropy bound."""
+    h = [entropy_of(p) for p in probs]
+    c = [max(p) for p in probs]
+    order = sorted((i for i in range(len(c)) if masked[i]), key=lambda i: (-c[i], i))
+    return reveal_largest_prefix(order, lambda s: sum(h[i] for i in order[:s - 1]) <= gamma)
+
+
+def by_hand_factor(probs, masked, f):
+    """Fast-dLLM: confidence descending; largest n with (n + 1) * (1 - c_(n)) < f, at least one."""
+    c = [max(p) for p in probs]
+    order = sorted((i for i in range(len(c)) if masked[i]), key=lambda i: (-c[i], i))
+    return reveal_largest_prefix(order, lambda n: n == 1 or (n + 1) * (1 - c[order[n - 1]]) < f)
+
+
+def entropy_of(p):
+    return -sum(x * math.log(x) for x in p if x > 0)
+
+
+def reveal_largest_prefix(order, ok):
+    """Reveal order[:s] for the largest s in 1..len(order) with ok(s); nothing if order is empty."""
+    best = max((s for s in range(1, len(order) + 1) if ok(s)), default=0)
+    revealed = set(order[:best])
+    return revealed
+
+
+BY_HAND = {"entropy": by_hand_entropy, "confidence": by_hand_confidence, "factor": by_hand_factor}
+
+
+def check_against_by_hand(rule, probs, is_masked, threshold):
+    """Run sbd's vectorised rule on the batch and the by-hand rule row by row; they must agree."""
+    reveal = sbd.REVEAL_RULES[rule](probs, is_masked, threshold)  # (B, k)
+    assert reveal.dtype == torch.bool and reveal.shape == is_masked.shape
+    for b in range(probs.size(0)):
+        expected = BY_HAND[rule](probs[b].tolist(), is_masked[b].tolist(), threshold)
+        got = set(torch.nonzero(reveal[b]).flatten().tolist())
+        assert got == expected, f"rule {rule}, row {b}: revealed {sorted(got)}, by hand {sorted(expected)}"
+    return reveal
+
+
+def random_block(B=6, k=8, V=11, seed=0, p_masked=0.7):
+    """Probabilities (B, k, V) with entropies spread from near 0 to near log V, and a random mask."""
+    g = torch.Generator().manual_seed(seed)
+    sharpness = torch.rand(B, k, 1, generator=g, dtype=torch.float64) * 6  # 0: flat, 6: peaked
+    probs = torch.softmax(torch.randn(B, k, V, generator=g, dtype=torch.float64) * sharpness, dim=-1)
+    is_masked = torch.rand(B, k, generator=g) < p_masked
+    return probs, is_masked
+
+
+RULES = ["entropy", "confidence", "factor"]
+
+# -----------------------------------------------------------------------------
+# the rules against the by-hand versions
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("threshold", [0.0, 0.05, 0.3, 1.0, 3.0, 1e9])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rule_matches_by_hand(rule, threshold, seed):
+    probs, is_masked = random_block(seed=seed)
+    reveal = check_against_by_hand(rule, probs, is_masked, threshold)
+    assert not (reveal & ~is_masked).any(), "an unmasked position was revealed"
+    has_mask = is_masked.any(dim=1)
+    assert (reveal.sum(dim=1)[has_mask] >= 1).all(), "a row with masks revealed nothing"
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_thresholds_in_between_vary_the_count(rule):
+    """The by-hand comparison means something: between the extremes, rows reveal different counts."""
+    probs, is_masked = random_block(B=32, seed=3, p_masked=1.0)
+    threshold = {"entropy": 1.0, "confidence": 1.0, "factor": 1.0}[rule]
+    reveal = check_against_by_hand(rule, probs, is_masked, threshold)
+    assert len(set(reveal.sum(dim=1).tolist())) >= 3
+
+
+@pytest.mark.parametrize("rule", ["entropy", "confidence"])
+def test_gamma_zero_reveals_one_and_huge_gamma_all(rule):
+    probs, is_masked = random_block(seed=4)
+    has_mask = is_masked.any(dim=1)
+    one = sbd.REVEAL_RULES[rule](probs, is_masked, 0.0)
+    assert (one.sum(dim=1) == has_mask.long()).all()
+    everything = sbd.REVEAL_RULES[rule](probs, is_masked, 1e9)
+    assert torch.equal(everything, is_masked)
+
+
+def test_factor_extremes():
+    """f <= 0 reveals only the most confident position; f > k + 1 reveals all (1 - c <= 1)."""
+    probs, is_masked = random_block(seed=5)
+    one = sbd.reveal_factor(probs, is_masked, 0.0)
+    assert (one.sum(dim=1) == is_masked.any(dim=1).long()).all()
+    conf = probs.amax(-1).masked_fill(~is_masked, -1)
+    rows = is_masked.any(dim=1)
+    assert torch.equal(one[rows].float().argmax(dim=1), conf[rows].argmax(dim=1))
+    assert torch.equal(sbd.reveal_factor(probs, is_masked, probs.size(1) + 2.0), is_masked)
+
+
+def test_factor_rule_is_one_minus_confidence():
+    """Two positions of confidence 0.9: (2+1)(1-0.9) = 0.3 < f = 0.5 reveals both; SBD.md's
+    (n+1)·c_(n) = 2.7 would not. One position of 0.6 after them: (3+1)(1-0.6) = 1.6 >= 0.5 stops it."""
+    V = 4
+    rows = [[0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3], [0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3], [0.6, 0.2, 0.1, 0.1]]
+    probs = torch.tensor([rows], dtype=torch.float64)  # (1, 3, V)
+    assert probs.shape == (1, 3, V)
+    reveal = sbd.reveal_factor(probs, torch.ones(1, 3, dtype=torch.bool), 0.5)
+    assert reveal.tolist() == [[True, True, False]]
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_ties_keep_lower_position_first(rule):
+    """Identical distributions everywhere: the rule that reveals one picks the lowest masked position."""
+    k, V = 6, 5
+    probs = torch.softmax(torch.tensor([3.0, 1.0, 0.0, 0.0, -1.0], dtype=torch.float64), 0).expand(2, k, V)
+    is_masked = torch.tensor([[False, True, True, True, False, True], [True] * k])
+    reveal = sbd.REVEAL_RULES[rule](probs, is_masked, 0.0)
+    assert reveal.tolist() == [[False, True, False, False, False, False], [True] + [False] * (k - 1)]
+    check_against_by_hand(rule, probs, is_masked, 0.0)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_single_mask_and_no_mask(rule):
+    probs, _ = random_block(B=3, k=5, seed=6)
+    is_masked = torch.tensor([[False, False, True, False, False], [False] * 5, [True] + [False] * 4])
+    reveal = sbd.REVEAL_RULES[rule](probs, is_masked, 0.0)
+    assert torch.equal(reveal, is_masked), "a single mask is always revealed; no mask, nothing"
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_batch_rows_are_independent(rule):
+    """A row's reveal does not depend on the other rows of the batch."""
+    probs, is_masked = random_block(B=5, seed=7)
+    together = sbd.REVEAL_RULES[rule](probs, is_masked, 1.0)
+    for b in range(5):
+        alone = sbd.REVEAL_RULES[rule](probs[b:b + 1], is_masked[b:b + 1], 1.0)
+        assert torch.equal(alone[0], together[b])
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_rules_take_float32(rule):
+    """The decoder feeds float32 probabilities; the rule's result is the by-hand one on them."""
+    probs, is_masked = random_block(seed=8)
+    check_against_by_hand(rule, probs.float(), is_masked, 0.7)
+
+# -----------------------------------------------------------------------------
+# token choice
+
+
+def test_mask_token_is_never_chosen():
+    logits = torch.randn(4, 3, 10)
+    logits[..., 7] = 100.0  # the mask token would win everything
+    suppressed = sbd.suppress_mask(logits, 7)
+    assert logits[0, 0, 7] == 100.0, "suppress_mask must not modify its input"
+    assert not (sbd.pick_tokens(suppressed) == 7).any()
+    g = torch.Generator().manual_seed(0)
+    sampled = sbd.pick_tokens(suppressed, temperature=1.0, generator=g)
+    assert not (sampled == 7).any()
+
+
+def test_greedy_and_top_k():
+    logits = torch.randn(8, 5, 30)
+    assert torch.equal(sbd.pick_tokens(logits), logits.argmax(-1))
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(sbd.pick_tokens(logits, temperature=2.0, top_k=1, generator=g), logits.argmax(-1))
+    top3 = torch.topk(logits, 3, dim=-1).indices  # (8, 5, 3)
+    for _ in range(5):
+        drawn = sbd.pick_tokens(logits, temperature=1.5, top_k=3, generator=g)  # (8, 5)
+        assert (drawn[..., None] == top3).any(-1).all(), "top_k=3 drew a token outside the top 3"
+
+
+def test_sampling_follows_the_generator():
+    logits = torch.randn(2, 4, 30)
+    a = sbd.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
+    b = sbd.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+
+
+def test_block_sampler_reveals_on_the_temperature_one_distribution():
+    """Sampling temperature changes the tokens, not which positions the rule reveals."""
+    logits = torch.randn(3, 6, 20) * 3
+    block = torch.full((3, 6), 19)
+    is_masked = torch.ones(3, 6, dtype=torch.bool)
+    greedy = sbd.BlockSampler(mask_id=19, gamma=0.5)
+    hot = sbd.BlockSampler(mask_id=19, gamma=0.5, temperature=5.0, generator=torch.Generator().manual_seed(0))
+    _, revealed_greedy = greedy.step(logits, block, is_masked)
+    new_block, revealed_hot = hot.step(logits, block, is_masked)
+    assert torch.equal(revealed_greedy, revealed_hot)
+    assert not (new_block[revealed_hot] == 19).any()
+    assert (new_block[~revealed_hot] == 19).all(), "unrevealed positions stay masked"
