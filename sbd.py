@@ -14,7 +14,7 @@ Index convention: 0-based throughout; SBD.md's 1-based x_1..x_L is x[0]..x[L-1] 
 import torch
 from torch.nn import functional as F
 
-from model import IGNORE_INDEX, causal_mask, dense_mask
+from model import IGNORE_INDEX, block_mask, causal_mask, dense_mask
 
 # -----------------------------------------------------------------------------
 # attention masks: pure functions of (query slot, key slot)
@@ -73,6 +73,17 @@ def training_mask(L, k_block, phases, device=None):
     return sbd_training_mask(q[None], k[None], L, k_block, phases[:, None, None])  # (B, 2L, 2L)
 
 
+def training_block_mask(L, k_block, phases):
+    """training_mask as a flex_attention BlockMask: the same pure function, evaluated tile by tile (GPU, long L).
+
+    k_block goes in as a tensor: compiled flex_attention specialises on Python ints in the mask function and
+    would recompile for every block size drawn, while a tensor's value is free to change.
+    """
+    k_block = torch.tensor(k_block, device=phases.device)
+    return block_mask(lambda b, q, k: sbd_training_mask(q, k, L, k_block, phases[b]), len(phases), 2 * L, 2 * L,
+                      phases.device)
+
+
 # -----------------------------------------------------------------------------
 # training: noising, labels, loss (Eq. 14)
 
@@ -91,11 +102,11 @@ def add_noise(x, mask_id, maskable=None, generator=None):
     return torch.where(is_masked, torch.full_like(x, mask_id), x), is_masked
 
 
-def sbd_inputs(x, y, mask_id, k_block, phases, maskable=None, generator=None):
+def sbd_inputs(x, y, mask_id, k_block, phases, maskable=None, generator=None, flex=False):
     """The 2L training forward's tokens, positions, mask and labels for clean x (B, L) with NTP targets y.
 
     Labels: clean position i -> y[i] (= x[i+1], next token); noisy position i -> x[i] if masked, else ignored.
-    Returns idx (B, 2L), pos (2L,), mask (B, 2L, 2L), labels (B, 2L).
+    Returns idx (B, 2L), pos (2L,), mask (B, 2L, 2L) (a BlockMask of it if flex), labels (B, 2L).
     """
     B, L = x.shape
     noisy, is_masked = add_noise(x, mask_id, maskable, generator)
@@ -103,7 +114,8 @@ def sbd_inputs(x, y, mask_id, k_block, phases, maskable=None, generator=None):
     pos = torch.arange(L, device=x.device).repeat(2)  # (2L,): the noisy copy reuses the clean positions
     noisy_labels = torch.where(is_masked, x, torch.full_like(x, IGNORE_INDEX))  # (B, L)
     labels = torch.cat([y, noisy_labels], dim=1)  # (B, 2L)
-    return idx, pos, training_mask(L, k_block, phases, x.device), labels
+    mask = training_block_mask(L, k_block, phases) if flex else training_mask(L, k_block, phases, x.device)
+    return idx, pos, mask, labels
 
 
 def sbd_loss(logits, labels, L, ntp_weight=1.0):
@@ -282,7 +294,8 @@ class DecodeStats:
     nfe: list  # decode forwards per row: forwards in which the row still had tokens to produce
     tokens: list  # tokens generated per row, up to and including the first stop token
     prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0 for a 1-token prompt)
-    wall_time: float  # seconds, prefill included
+    prefill_time: float  # seconds of the prefill
+    wall_time: float  # seconds of the whole decode, prefill included
     steps: list = None  # record_steps: one Step per decode forward
 
     @property
@@ -316,23 +329,33 @@ def check_prompt(model, prompt, n_slots):
 def prefill(model, prompt, max_len):
     """Write prompt[:-1] into a fresh KV cache with one causal forward.
 
-    Returns (cache, pending (B, 1) = the last prompt token, number of prefill forwards).
+    Returns (cache, pending (B, 1) = the last prompt token, dict(prefill_forwards=..., prefill_time=...)).
     """
+    t0 = time.perf_counter()
     B, T0 = prompt.shape
     cache = model.new_cache(B, max_len, prompt.device, dtype=next(model.parameters()).dtype)
     if T0 > 1:
         model(prompt[:, :-1], cache=cache)
-    return cache, prompt[:, -1:], int(T0 > 1)
+    synchronize(prompt.device)
+    return cache, prompt[:, -1:], dict(prefill_forwards=int(T0 > 1), prefill_time=time.perf_counter() - t0)
 
 
-def finish(out, stop, nfe, n_prefill, t0, steps=None):
+def synchronize(device):
+    """Wait for the accelerator, so that a wall-clock reading includes the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def finish(out, stop, nfe, prefill_stats, t0, steps=None):
     """Cut each row of out (B, N) after its first stop token -> (list of token lists, DecodeStats)."""
     is_stop = torch.isin(out, stop)  # (B, N)
     first_stop = is_stop.int().argmax(dim=1)  # (B,): index of the first stop token (0 if none)
-    lengths = torch.where(is_stop.any(dim=1), first_stop + 1, out.size(1)).tolist()
+    lengths = torch.where(is_stop.any(dim=1), first_stop + 1, out.size(1)).tolist()  # .tolist() waits
     tokens = [row[:n] for row, n in zip(out.tolist(), lengths)]
-    stats = DecodeStats(nfe=nfe.tolist(), tokens=lengths, prefill_forwards=n_prefill,
-                        wall_time=time.perf_counter() - t0, steps=steps)
+    stats = DecodeStats(nfe=nfe.tolist(), tokens=lengths, wall_time=time.perf_counter() - t0, steps=steps,
+                        **prefill_stats)
     return tokens, stats
 
 
@@ -353,7 +376,7 @@ def ntp_generate(model, prompt, max_new_tokens, stop_ids=(), temperature=0.0, to
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
     B, T0 = prompt.shape
-    cache, pending, n_prefill = prefill(model, prompt, T0 + max_new_tokens)
+    cache, pending, prefill_stats = prefill(model, prompt, T0 + max_new_tokens)
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
     out, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), torch.zeros_like(prompt[:, 0])
     while len(out) < max_new_tokens and not done.all():
@@ -362,7 +385,7 @@ def ntp_generate(model, prompt, max_new_tokens, stop_ids=(), temperature=0.0, to
         pending = pick_tokens(suppress_mask(logits, mask_id), temperature, top_k, generator)  # (B, 1)
         out.append(pending)
         done |= torch.isin(pending[:, 0], stop)
-    return finish(torch.cat(out, dim=1) if out else prompt[:, :0], stop, nfe, n_prefill, t0)
+    return finish(torch.cat(out, dim=1) if out else prompt[:, :0], stop, nfe, prefill_stats, t0)
 
 
 # -----------------------------------------------------------------------------
@@ -438,7 +461,7 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
     prompt = check_prompt(model, prompt, max_new_tokens + k)
     t0 = time.perf_counter()
     B, T0 = prompt.shape
-    cache, prev, n_prefill = prefill(model, prompt, T0 + max_new_tokens + k)
+    cache, prev, prefill_stats = prefill(model, prompt, T0 + max_new_tokens + k)
     sampler = BlockSampler(mask_id, rule, gamma, temperature, top_k, generator)
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
     blocks, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), torch.zeros_like(prompt[:, 0])
@@ -451,7 +474,7 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
         blocks.append(block)
         prev, done, nfe, n_out = block, done | finished, nfe + block_nfe, n_out + kb
     out = torch.cat(blocks, dim=1) if blocks else prompt[:, :0]
-    return finish(out, stop, nfe, n_prefill, t0, steps)
+    return finish(out, stop, nfe, prefill_stats, t0, steps)
 
 
 def check_sbd_args(model, k, gamma, rule, mask_id, stop_ids):
