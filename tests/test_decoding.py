@@ -366,3 +366,16 @@ def test_sample_script(tmp_path):
     assert done.stdout.count("SBD k=8") == 2 and "forwards" in done.stdout and "vs NTP" in done.stdout
     failed = run_sample(tmp_path, "--ckpt=ntp", "--mode=sbd")
     assert failed.returncode != 0 and "not an SBD model" in failed.stderr
+
+
+def test_bench_script_runs():
+    """bench.py is a benchmark, not a test; this only checks that both modes still run (tiny settings)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=128", "--threads=1"]
+    for args in (["--what=kvcache", "--new_tokens=20"],
+                 ["--what=sbd", "--out_dir=/nonexistent", "--max_new_tokens=32", "--num_prompts=2",
+                  "--timing_repeats=2"]):
+        done = subprocess.run([sys.executable, "bench.py", *args, *tiny], cwd=root, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "speed-up" in done.stdout
