@@ -255,14 +255,11 @@ def config_from_hf(cfg, path):
     kw = {ours: cfg[k] for k, ours in HF_CONFIG.items()}
     if rope:
         kw.update({ours: rope[k] for k, ours in HF_ROPE.items()})
-    # config.json states the FFN width; LlamaConfig derives it from Meta's recipe (int(8*dim/3) times
-    # ffn_dim_multiplier, rounded up to multiple_of). Rounding up to a multiple of the width itself gives
-    # exactly the width whenever it is >= 8*dim/3, as in every Llama 3; the check below catches the rest.
-    ffn = cfg["intermediate_size"]
-    config = LlamaConfig(**kw, use_scaled_rope=bool(rope), multiple_of=ffn, ffn_dim_multiplier=None)
-    if config.ffn_hidden != ffn or cfg.get("head_dim", config.head_dim) != config.head_dim:
-        raise ValueError(f"{path}: intermediate_size {ffn} / head_dim {cfg.get('head_dim')} cannot be represented "
-                         f"(LlamaConfig gives {config.ffn_hidden} / {config.head_dim})")
+    # config.json states the FFN width outright (Meta's params.json states the recipe that derives it)
+    config = LlamaConfig(**kw, use_scaled_rope=bool(rope), ffn_hidden_size=cfg["intermediate_size"])
+    if cfg.get("head_dim", config.head_dim) != config.head_dim:
+        raise ValueError(f"{path}: head_dim {cfg['head_dim']} cannot be represented "
+                         f"(LlamaConfig gives hidden_size / num_attention_heads = {config.head_dim})")
     return config
 
 
@@ -333,9 +330,13 @@ def load_llama(ckpt_dir, device="cpu", dtype=None):
         raise FileNotFoundError(f"{ckpt_dir}: no Llama checkpoint found. Expected Meta's files (params.json + "
                                 "consolidated.00.pth, here or under original/) or Hugging Face's (config.json + "
                                 "model.safetensors, or model.safetensors.index.json + its shards)")
-    tokenizers = [p for p in (os.path.join(ckpt_dir, "tokenizer.model"), os.path.join(original, "tokenizer.model"))
-                  if os.path.exists(p)]
-    return model, dict(format=fmt, weights_dir=weights_dir, tokenizer_path=tokenizers[0] if tokenizers else None)
+    return model, dict(format=fmt, weights_dir=weights_dir, tokenizer_path=find_tokenizer(ckpt_dir))
+
+
+def find_tokenizer(ckpt_dir):
+    """ckpt_dir/tokenizer.model or ckpt_dir/original/tokenizer.model (HF repos), else None."""
+    paths = [os.path.join(ckpt_dir, "tokenizer.model"), os.path.join(ckpt_dir, "original", "tokenizer.model")]
+    return next((p for p in paths if os.path.exists(p)), None)
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ With none of the optional arguments, forward() is the ordinary causal training p
 Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's names for Llama.
 """
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -1  # label value that the loss skips (nanoGPT's convention)
 
@@ -38,6 +41,17 @@ def dense_mask(mask_fn, n_queries, n_keys, query_offset=0, device=None):
     q = torch.arange(query_offset, query_offset + n_queries, device=device)
     k = torch.arange(n_keys, device=device)
     return mask_fn(q[:, None], k[None, :])  # (n_queries, n_keys)
+
+
+def block_mask(mask_fn, batch_size, n_queries, n_keys, device=None):
+    """The same mask as a flex_attention BlockMask, for long training sequences on a GPU.
+
+    mask_fn(b, q, k) sees the batch row too (e.g. a per-row block phase). A dense (B, T, S) bool mask keeps
+    SDPA off its flash kernel (it needs the mask materialised, often as a float bias); flex_attention
+    evaluates the same pure function per tile and skips the tiles that are fully masked (about half here).
+    """
+    return create_block_mask(lambda b, h, q, k: mask_fn(b, q, k), B=batch_size, H=None,
+                             Q_LEN=n_queries, KV_LEN=n_keys, device=device)
 
 
 # -----------------------------------------------------------------------------
@@ -78,12 +92,23 @@ class KVCache:
         return k_all, v_all
 
 
+@functools.cache
+def compiled_flex_attention():
+    """flex_attention runs eagerly on a CPU (forward only, slowly: the tests); on a GPU it must be compiled.
+    Made on first use, because merely wrapping it in torch.compile costs seconds at import."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
 def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
     """Scaled dot-product attention over [cache ; new tokens] with an optional boolean mask.
 
-    q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), True = may attend.
+    q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), True = may attend,
+    or a flex_attention BlockMask of the same mask (block_mask above; training only, no cache, no dropout).
     With n_kv_head < n_head (grouped-query attention) each K/V head serves n_head // n_kv_head query heads.
     """
+    if isinstance(mask, BlockMask):
+        flex = compiled_flex_attention() if q.is_cuda else flex_attention
+        return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, n_head, T, hd)
     if cache is not None:
         k, v = cache.extend(layer, k, v, n_commit)  # (B, n_kv_head, S, hd), S = cache.length + T
     if mask is not None and mask.dim() == 3:
@@ -269,6 +294,7 @@ class LlamaConfig:
     rope_high_freq_factor: float = 4.0
     rope_original_context: int = 8192
     max_seq_len: int = 131072  # longest position the model was trained for
+    ffn_hidden_size: int = None  # the FFN width when a checkpoint states it (HF's intermediate_size)
 
     @property
     def head_dim(self):
@@ -276,6 +302,8 @@ class LlamaConfig:
 
     @property
     def ffn_hidden(self):
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
         hidden = int(2 * 4 * self.dim / 3)  # SwiGLU has 3 matrices, so 2/3 of 4*dim keeps the parameter count
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
@@ -387,6 +415,8 @@ class LlamaBlock(nn.Module):
 
 
 class Llama(nn.Module):
+    activation_checkpointing = False  # train.py's switch: recompute each block's activations in backward
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -413,7 +443,11 @@ class Llama(nn.Module):
         cos, sin = rotary_cos_sin(pos, self.inv_freq)  # (T, hd/2) or (B, T, hd/2)
         x = self.tok_embeddings(idx)  # (B, T, dim)
         for layer, block in enumerate(self.layers):
-            x = block(x, cos, sin, layer, mask, cache, n_commit)
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                # keep only each block's input; its activations are recomputed in backward (memory for compute)
+                x = checkpoint(block, x, cos, sin, layer, mask, cache, n_commit, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, layer, mask, cache, n_commit)
         logits = self.output(self.norm(x))  # (B, T, vocab)
         if cache is not None:
             cache.length += n_commit
@@ -466,11 +500,18 @@ def save_checkpoint(checkpoint, path):
 def model_from_checkpoint(checkpoint, device):
     """Rebuild the model a train.py checkpoint describes ({'model_family', 'model_args', 'model'})."""
     family, args = checkpoint["model_family"], checkpoint["model_args"]
-    model = GPT(GPTConfig(**args)) if family == "gpt" else Llama(LlamaConfig(**args))
     state = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in checkpoint["model"].items()}
+    if family == "gpt":
+        model = GPT(GPTConfig(**args))
+        check_state_dict(model, state, "checkpoint")
+        model.load_state_dict(state, strict=True)
+        return model.to(device)
+    with torch.device("meta"):  # an 8B Llama: no random init, no second copy; keeps the checkpoint's dtype
+        model = Llama(LlamaConfig(**args))
     check_state_dict(model, state, "checkpoint")
-    model.load_state_dict(state, strict=True)
-    return model.to(device)
+    model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
+    model.inv_freq = rope_frequencies(model.config).to(device)  # a non-persistent buffer, still on meta
+    return model
 
 
 def check_state_dict(model, state, source):
@@ -490,7 +531,7 @@ def load_checkpoint(path, device="cpu"):
     """-> (model in eval mode, checkpoint dict). A missing file is a clear error."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py config/sbd_small.py)")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     model = model_from_checkpoint(checkpoint, device)
     model.eval()
     return model, checkpoint

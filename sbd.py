@@ -210,10 +210,11 @@ def reveal_factor(probs, is_masked, f):
     """Fast-dLLM's factor rule (Wu et al. 2025, arXiv:2505.22618; SBD paper appendix B.1).
 
     Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower position first);
-    reveal the first n, n the largest count with (n + 1) * (1 - c_(n)) < f, and at least one. This is
-    Fast-dLLM's rule as its paper writes it and as its code does it (accept the n-th while
-    c_(n) >= 1 - f / (n + 1), the first always); SBD.md's "(n+1)·c_(n) < f" drops the "1 -". c_(n) falls
-    and n + 1 grows along the order, so the accepted positions are a prefix of it.
+    reveal the first n, n the largest count with (n + 1) * (1 - c_(n)) < f, and at least one. This is the
+    rule as the Fast-dLLM paper writes it; its code (get_transfer_index_dynamic) accepts the n-th while
+    c_(n) >= 1 - f / (n + 1), i.e. also on equality. SBD.md's "(n+1)·c_(n) < f" drops the "1 -": with it a
+    confident position would be the one held back. c_(n) falls and n + 1 grows along the order, so the
+    accepted positions are a prefix of it.
     """
     conf = probs.amax(-1)  # (B, k)
     order, masked_sorted = sort_masked(-conf, is_masked)
@@ -260,8 +261,8 @@ class BlockSampler:
     rule: str = "entropy"  # a key of REVEAL_RULES
     gamma: float = 0.1  # γ of the EB-Sampler rules, or f of the factor rule
     temperature: float = 0.0
-    top_k: int = None
-    generator: torch.Generator = None
+    top_k: int | None = None
+    generator: torch.Generator | None = None
 
     def step(self, logits, block, is_masked):
         """logits (B, k, V), block (B, k) ids, is_masked (B, k) -> (new block, revealed (B, k) bool).
@@ -458,7 +459,7 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
     stats.nfe[b] counts the decode forwards in which row b still had masks (record_steps: stats.steps).
     """
     check_sbd_args(model, k, gamma, rule, mask_id, stop_ids)
-    prompt = check_prompt(model, prompt, max_new_tokens + k)
+    prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut to fit: no slack of k needed
     t0 = time.perf_counter()
     B, T0 = prompt.shape
     cache, prev, prefill_stats = prefill(model, prompt, T0 + max_new_tokens + k)

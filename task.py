@@ -1,5 +1,6 @@
 """
 Tasks with verifiable answers (data/<name>/): load and tokenise them, make training batches, grade answers.
+JsonlTask (at the end): instruction data for fine-tuning a Llama, prompt/response pairs in a local JSONL file.
 
 A task folder holds prepare.py, which writes train.txt / val.txt / test.txt (one "prompt<TAB>completion"
 per line) and meta.json (characters, mask and stop characters, lengths). Each example becomes one
@@ -15,6 +16,7 @@ import sys
 import torch
 
 from model import IGNORE_INDEX
+from tokenizer import Llama3Tokenizer
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
@@ -35,6 +37,8 @@ class CharTask:
         self.chars = meta["chars"]
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         self.mask_id, self.stop_id = self.stoi[meta["mask"]], self.stoi[meta["stop"]]
+        self.stop_ids = [self.stop_id]
+        self.tokenizer_info = dict(kind="char", chars=self.chars)  # what a checkpoint records to decode
         self.prompt_len, self.seq_len = meta["prompt_len"], meta["seq_len"]
         self.splits = {s: self._read(os.path.join(folder, f"{s}.txt")) for s in ("train", "val", "test")}
 
@@ -80,3 +84,95 @@ class CharTask:
 
     def is_correct(self, completion, reference):
         return self.final_answer(completion) == self.final_answer(reference)
+
+
+class JsonlTask:
+    """Instruction data for a Llama: a local JSONL file with one {"prompt": "...", "response": "..."} per line.
+
+    Each pair becomes one row of seq_len + 1 tokens in the Llama 3.1 chat format: a user turn and the open
+    assistant header (tokenizer.encode_chat, as sample.py prompts), the response, <|eot_id|>, then
+    <|finetune_right_pad_id|> as fill. Longer rows are cut at the end; a pair whose prompt alone fills the
+    seq_len inputs is dropped. Unlike CharTask the response starts at a different place in every row: `answer`
+    marks it, and train.py starts each row's noisy blocks at its first response token, as decoding starts its
+    first block.
+    The val split is a fixed 1% (at least one pair), drawn with a fixed seed.
+    """
+
+    def __init__(self, path, tokenizer_path, seq_len, val_fraction=0.01):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"no instruction data at {path}: expected a JSONL file with one "
+                                    '{"prompt": "...", "response": "..."} object per line')
+        if tokenizer_path is None or not os.path.exists(tokenizer_path):
+            raise FileNotFoundError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
+        self.name, self.seq_len = path, seq_len
+        self.tokenizer = Llama3Tokenizer(tokenizer_path)
+        self.tokenizer_info = dict(kind="llama", path=os.path.abspath(tokenizer_path))
+        self.mask_id, self.stop_id = self.tokenizer.mask_id, self.tokenizer.eot_id
+        self.stop_ids = self.tokenizer.stop_ids  # <|end_of_text|>, <|eom_id|>, <|eot_id|>
+        self.pad_id = self.tokenizer.special["<|finetune_right_pad_id|>"]  # never produced by encoding text
+        pairs = self._read(path)
+        order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)).tolist()
+        n_val = max(1, round(val_fraction * len(pairs)))
+        self.splits = {"train": [pairs[i] for i in order[n_val:]], "val": [pairs[i] for i in order[:n_val]]}
+
+    def _read(self, path):
+        pairs = []
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    pair = json.loads(line)
+                except json.JSONDecodeError:
+                    pair = None
+                if not (isinstance(pair, dict) and all(isinstance(pair.get(key), str) for key in ("prompt", "response"))):
+                    raise ValueError(f'{path}:{line_no}: expected {{"prompt": "...", "response": "..."}} '
+                                     f"(two strings), got {line[:80]!r}")
+                pairs.append((pair["prompt"], pair["response"]))
+        if len(pairs) < 2:
+            raise ValueError(f"{path}: found {len(pairs)} prompt/response pairs; need at least 2 (one is held out)")
+        return pairs
+
+    @property
+    def vocab_size(self):
+        return self.tokenizer.vocab_size
+
+    def encode(self, text):
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids)
+
+    def encode_prompt(self, prompt):
+        """A user message -> chat-format ids ending with the open assistant header."""
+        return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+
+    def rows(self, split):
+        """(N, seq_len + 1) ids: chat prompt, response, <|eot_id|>, padding; and (N, seq_len + 1) bool, True
+        on the response and its <|eot_id|> (what the model must write)."""
+        rows, is_response, n_cut = [], [], 0
+        for prompt, response in self.splits[split]:
+            p = self.encode_prompt(prompt)
+            ids = p + self.encode(response.strip()) + [self.stop_id]
+            n_cut += len(ids) > self.seq_len + 1
+            if len(p) >= self.seq_len:  # no room for a single response token among the inputs
+                continue
+            ids = ids[:self.seq_len + 1]
+            fill = self.seq_len + 1 - len(ids)
+            rows.append(ids + [self.pad_id] * fill)
+            is_response.append([False] * len(p) + [True] * (len(ids) - len(p)) + [False] * fill)
+        if n_cut:
+            print(f"{self.name} {split}: {n_cut} of {len(self.splits[split])} pairs cut at seq_len={self.seq_len} "
+                  f"({len(self.splits[split]) - len(rows)} of them dropped: no room for the response)")
+        if not rows:
+            raise ValueError(f"{self.name} {split}: no pair fits in seq_len={self.seq_len} tokens")
+        return torch.tensor(rows, dtype=torch.long), torch.tensor(is_response)
+
+    def training_tensors(self, split, loss_on_answer_only):
+        """x, y (N, seq_len): inputs and next-token targets, IGNORE_INDEX on padding (and on the prompt if
+        loss_on_answer_only); answer (N, seq_len) bool: x[i] is a response token."""
+        rows, is_response = self.rows(split)
+        x, y = rows[:, :-1], rows[:, 1:].clone()
+        learn = is_response[:, 1:] if loss_on_answer_only else rows[:, 1:] != self.pad_id  # (N, seq_len)
+        y[~learn] = IGNORE_INDEX
+        return x, y, is_response[:, :-1]

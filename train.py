@@ -5,6 +5,7 @@ Pretrain a small GPT with next-token prediction, then fine-tune the same weights
     python train.py config/sbd_small.py --sbd_iters=500    # any setting can be overridden
     python train.py config/sbd_small.py --init_from=resume # continue exactly where a run stopped
     torchrun --standalone --nproc_per_node=8 train.py config/sbd_small.py   # DDP
+    torchrun --standalone --nproc_per_node=8 train.py config/sbd_llama8b.py  # SBD fine-tuning of Llama-3.1-8B
 
 Stage 1 (iterations [0, ntp_iters)) is ordinary NTP; its final weights are saved as out_dir/ckpt_ntp.pt,
 the baseline. Stage 2 (the next sbd_iters iterations) fine-tunes them with the SBD loss (Eq. 14 of the
@@ -13,6 +14,7 @@ own warmup and cosine schedule, as one fine-tunes a pretrained checkpoint; saved
 out_dir/ckpt_resume.pt holds everything needed to continue a run exactly.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -26,14 +28,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
 from configurator import configure
-from model import GPT, GPTConfig, autodetect_device, configure_optimizer, save_checkpoint
-from task import CharTask
+from load_llama import find_tokenizer, init_mask_embedding, load_llama
+from model import GPT, GPTConfig, Llama, LlamaConfig, autodetect_device, configure_optimizer, save_checkpoint
+from task import CharTask, JsonlTask
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo (config/sbd_small.py sets the same values, commented)
 out_dir = "out-sbd-small"
-dataset = "addition"  # data/<dataset>/prepare.py makes the data on first use
-init_from = "scratch"  # 'scratch' or 'resume' (from out_dir/ckpt_resume.pt)
+dataset = "addition"  # data/<dataset>/prepare.py makes the data on first use; or a .jsonl file (Llama, below)
+init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt_resume.pt), or a Llama 3 checkpoint directory
 # model (GPT-2 style)
 n_layer = 4
 n_head = 4
@@ -72,10 +75,21 @@ seed = 1337
 device = ""  # '' = autodetect cuda -> mps -> cpu
 dtype = "float32"  # 'float32', 'bfloat16' or 'float16' (autocast on cuda)
 compile = False  # torch.compile: worth it on a GPU, slow to start on a CPU
+# fine-tuning a pretrained Llama 3 (config/sbd_llama8b.py): init_from=<its directory>, dataset=<pairs>.jsonl
+seq_len = 2048  # tokens per row of a .jsonl dataset: prompt, response, padding (the SBD forward sees 2 * seq_len)
+attention = "sdpa"  # 'sdpa': dense (B, 2L, 2L) bool mask; 'flex' (CUDA): a flex_attention BlockMask of the same mask
+activation_checkpointing = False  # Llama: recompute each block's activations in backward (less memory)
+fsdp = False  # under torchrun: shard the model over the ranks (FSDP2: fp32 master weights, `dtype` compute)
 # -----------------------------------------------------------------------------
 config = configure(globals(), sys.argv[1:])
-if init_from not in ("scratch", "resume"):
-    raise ValueError(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+llama = dataset.endswith(".jsonl")  # prompt/response pairs fine-tune a Llama; data/<name> trains a small GPT
+if init_from not in ("scratch", "resume") and not os.path.isdir(init_from):
+    raise ValueError(f"init_from must be 'scratch', 'resume' or a Llama checkpoint directory, got {init_from!r}")
+if llama and init_from == "scratch" or not llama and init_from not in ("scratch", "resume"):
+    raise ValueError(f"dataset={dataset!r} with init_from={init_from!r}: a .jsonl dataset fine-tunes a Llama "
+                     "(init_from=<its directory> or 'resume'), a data/ dataset trains a GPT ('scratch' or 'resume')")
+if attention not in ("sdpa", "flex"):
+    raise ValueError(f"attention must be 'sdpa' or 'flex', got {attention!r}")
 if not 1 <= k_min <= k_max:
     raise ValueError(f"block sizes need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
 if block_phase not in ("answer", "random", "zero"):
@@ -96,6 +110,10 @@ else:
     device = device or autodetect_device()
 master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else device
+if fsdp and not (ddp and llama):
+    raise ValueError("fsdp=True shards a Llama over the processes of torchrun (one process: fsdp=False)")
+if attention == "flex" and device_type != "cuda":
+    raise ValueError("attention='flex' needs CUDA (flex_attention has no backward on a CPU): use 'sdpa'")
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 autocast = nullcontext() if device_type != "cuda" or dtype == "float32" else torch.autocast("cuda", ptdtype)
 scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))
@@ -103,8 +121,14 @@ os.makedirs(out_dir, exist_ok=True)
 torch.manual_seed(seed + rank)
 rng = torch.Generator().manual_seed(seed + rank)  # batches, block sizes, noise: saved and restored on resume
 
-# data: fixed-length rows, the completion starts at task.prompt_len in every row
-task = CharTask(dataset)
+# data: fixed-length rows, the completion starts at task.prompt_len in every row (a .jsonl's: where `answer` says)
+resume_path = os.path.join(out_dir, "ckpt_resume.pt")
+if llama:  # tokenised by the Llama's own tokenizer, found next to its weights or recorded in the resume checkpoint
+    tokenizer_path = (find_tokenizer(init_from) if init_from != "resume" else
+                      torch.load(resume_path, map_location="cpu", mmap=True, weights_only=True)["tokenizer"]["path"])
+    task = JsonlTask(dataset, tokenizer_path, seq_len)
+else:
+    task = CharTask(dataset)
 data = {split: task.training_tensors(split, loss_on_answer_only) for split in ("train", "val")}
 L = task.seq_len
 
@@ -131,24 +155,36 @@ def forward_loss(model, stage, x, y, answer, k, generator):
         return loss, loss.detach(), None
     maskable = answer if loss_on_answer_only else None
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, block_phases(answer, k, generator).to(device),
-                                            maskable, generator)  # (B, 2L) each, mask (B, 2L, 2L)
+                                            maskable, generator, flex=attention == "flex")  # (B, 2L), mask (B, 2L, 2L)
     logits, _ = model(idx, pos=pos, mask=mask)  # (B, 2L, vocab)
     return sbd.sbd_loss(logits, labels, L, ntp_weight)
 
 
-# model
-model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=L, vocab_size=task.vocab_size,
-                  dropout=dropout, bias=bias)
-model = GPT(GPTConfig(**model_args)).to(device)
+# model: a small GPT from scratch, or a pretrained Llama (in `dtype` on CUDA; fp32 master weights under FSDP)
+llama_dtype = ptdtype if device_type == "cuda" and not fsdp else torch.float32
+if llama and init_from != "resume":
+    model, _ = load_llama(init_from, device, llama_dtype)
+    init_mask_embedding(model, task.mask_id)  # <|reserved_special_token_0|>'s row was never trained
+    model_args = dataclasses.asdict(model.config)
+elif llama:  # resuming: the architecture from the checkpoint, its weights below
+    model_args = torch.load(resume_path, map_location="cpu", mmap=True, weights_only=True)["model_args"]
+    with torch.device(device):
+        model = Llama(LlamaConfig(**model_args)).to(llama_dtype)
+else:
+    model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=L, vocab_size=task.vocab_size,
+                      dropout=dropout, bias=bias)
+    model = GPT(GPTConfig(**model_args)).to(device)
+if llama and model.config.vocab_size != task.vocab_size:
+    raise ValueError(f"the tokenizer has {task.vocab_size} tokens, the model {model.config.vocab_size}")
+model.activation_checkpointing = activation_checkpointing  # a Llama switch (GPT has none)
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, device {device}")
 
 iter_num, stage = 0, "ntp" if ntp_iters > 0 else "sbd"
-resume_path = os.path.join(out_dir, "ckpt_resume.pt")
 checkpoint = None
 if init_from == "resume":
     if not os.path.exists(resume_path):
         raise FileNotFoundError(f"init_from=resume but there is no {resume_path}; start with init_from=scratch")
-    checkpoint = torch.load(resume_path, map_location="cpu", weights_only=True)
+    checkpoint = torch.load(resume_path, map_location="cpu", mmap=True, weights_only=True)
     if checkpoint["model_args"] != model_args:
         raise ValueError(f"{resume_path} was made with model {checkpoint['model_args']}, this config asks for "
                          f"{model_args}; use the run's original config")
@@ -159,7 +195,16 @@ if init_from == "resume":
 raw_model = model
 if compile:
     model = torch.compile(model)
-if ddp:
+if fsdp:  # parameters, gradients and optimizer state sharded over the ranks, one Llama block gathered at a time
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict, set_optimizer_state_dict)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mixed = MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32)  # gradients summed in fp32
+    for block in raw_model.layers:
+        fully_shard(block, mp_policy=mixed)
+    fully_shard(raw_model, mp_policy=mixed)
+    FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # checkpoints: gathered into rank 0's memory
+elif ddp:
     model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
 
 
@@ -169,7 +214,9 @@ def new_optimizer(stage):
 
 
 optimizer = new_optimizer(stage)
-if checkpoint is not None:
+if checkpoint is not None and fsdp:  # the full state, keyed by parameter name: each rank keeps its shard
+    set_optimizer_state_dict(raw_model, optimizer, checkpoint["optimizer"], options=StateDictOptions(full_state_dict=True))
+elif checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
 checkpoint = None  # free memory
 
@@ -199,19 +246,34 @@ def estimate_losses():
             ntp.append(ntp_loss.item())
             mtp.append(mtp_loss.item())
         out[split] = (sum(ntp) / len(ntp), sum(mtp) / len(mtp))
+    if fsdp:  # without a backward, FSDP leaves the root's parameters gathered: shard them again
+        raw_model.reshard()
     model.train()
     return out
 
 
 def stage_checkpoint(extra=None):
-    """A self-contained checkpoint sample.py / evaluate.py can load (no optimizer)."""
-    return dict(model=raw_model.state_dict(), model_family="gpt", model_args=model_args, config=config,
-                tokenizer=dict(kind="char", chars=task.chars), dataset=dataset, iter_num=iter_num, **(extra or {}))
+    """A self-contained checkpoint sample.py / evaluate.py can load (no optimizer).
+    Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the weights."""
+    model_state = get_model_state_dict(raw_model, options=FULL) if fsdp else raw_model.state_dict()
+    return dict(model=model_state, model_family="llama" if llama else "gpt", model_args=model_args, config=config,
+                tokenizer=task.tokenizer_info, dataset=dataset, iter_num=iter_num, **(extra or {}))
+
+
+def save_stage(name, sbd_meta):
+    """out_dir/ckpt_<name>.pt, written by rank 0 (under FSDP every rank must call this)."""
+    checkpoint = stage_checkpoint(dict(sbd=sbd_meta))
+    if master:
+        save_checkpoint(checkpoint, os.path.join(out_dir, f"ckpt_{name}.pt"))
 
 
 def save_resume():
-    save_checkpoint(dict(stage_checkpoint(), stage=stage, optimizer=optimizer.state_dict(),
-                         rng=rng.get_state(), torch_rng=torch.get_rng_state()), resume_path)
+    """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by parameter name."""
+    optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL) if fsdp else optimizer.state_dict()
+    checkpoint = dict(stage_checkpoint(), stage=stage, optimizer=optimizer_state, rng=rng.get_state(),
+                      torch_rng=torch.get_rng_state())
+    if master:
+        save_checkpoint(checkpoint, resume_path)
 
 
 # training loop
@@ -220,15 +282,16 @@ log_path = os.path.join(out_dir, "log.jsonl")
 t0 = time.time()
 while iter_num < total_iters:
     if stage == "ntp" and iter_num >= ntp_iters:  # stage 1 done: keep its weights as the NTP baseline
+        save_stage("ntp", None)
         if master:
-            save_checkpoint(stage_checkpoint(dict(sbd=None)), os.path.join(out_dir, "ckpt_ntp.pt"))
             print(f"saved the NTP baseline to {out_dir}/ckpt_ntp.pt; starting SBD fine-tuning")
         stage, optimizer = "sbd", new_optimizer("sbd")
 
-    if iter_num % eval_interval == 0 and master and iter_num > 0:
+    if iter_num % eval_interval == 0 and (master or fsdp) and iter_num > 0:  # FSDP: every rank takes part
         losses = estimate_losses()
-        print(f"iter {iter_num}: NTP loss train {losses['train'][0]:.4f} val {losses['val'][0]:.4f} | "
-              f"masked-token loss (k=8) train {losses['train'][1]:.4f} val {losses['val'][1]:.4f}")
+        if master:
+            print(f"iter {iter_num}: NTP loss train {losses['train'][0]:.4f} val {losses['val'][0]:.4f} | "
+                  f"masked-token loss (k=8) train {losses['train'][1]:.4f} val {losses['val'][1]:.4f}")
         save_resume()
 
     lr = lr_at(iter_num)
@@ -236,7 +299,7 @@ while iter_num < total_iters:
         group["lr"] = lr
     k = int(torch.randint(k_min, k_max + 1, (1,), generator=rng))  # one block size per step (SBD.md step 2)
     for micro_step in range(gradient_accumulation_steps):
-        if ddp:  # only synchronise gradients on the last micro-step
+        if ddp and not fsdp:  # only synchronise gradients on the last micro-step (FSDP reduces them every time)
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         with autocast:
             loss, ntp_loss, mtp_loss = forward_loss(model, stage, *get_batch("train", rng), k, rng)
@@ -261,19 +324,21 @@ while iter_num < total_iters:
     if iter_num == halt_after:
         break
 
-if master:
+if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0 writes them
     save_resume()
     if iter_num == total_iters:
         if ntp_iters == total_iters:  # NTP only
-            save_checkpoint(stage_checkpoint(dict(sbd=None)), os.path.join(out_dir, "ckpt_ntp.pt"))
-        else:
-            sbd_meta = dict(mask_id=task.mask_id, stop_ids=[task.stop_id], k=16, gamma_low=None, gamma_high=None)
-            save_checkpoint(stage_checkpoint(dict(sbd=sbd_meta)), os.path.join(out_dir, "ckpt_sbd.pt"))
-            print(f"saved the SBD model to {out_dir}/ckpt_sbd.pt")
-            if report:
+            save_stage("ntp", None)
+        else:  # a Llama starts from the paper's chat γ values; evaluate.py calibrates the small tasks' own
+            sbd_meta = dict(mask_id=task.mask_id, stop_ids=task.stop_ids, k=16, gamma_low=0.35 if llama else None,
+                            gamma_high=0.6 if llama else None)
+            save_stage("sbd", sbd_meta)
+            if master:
+                print(f"saved the SBD model to {out_dir}/ckpt_sbd.pt")
+            if report and master and not llama:  # the Table-1 report grades the small tasks' answers
                 import evaluate
                 evaluate.report(out_dir, device=device)
-    else:
+    elif master:
         print(f"halted after iteration {iter_num}; continue with --init_from=resume")
 if ddp:
     destroy_process_group()

@@ -295,6 +295,15 @@ def test_max_new_tokens_not_a_multiple_of_k():
     assert {s.block_start for s in stats.steps} == {0, 16} and stats.steps[-1].tokens.shape == (2, 5)
 
 
+def test_decoding_may_fill_the_whole_context():
+    """prompt + max_new_tokens == the model's context works: the last block is cut to fit."""
+    m = random_model("gpt-tiny")
+    prompt = random_prompts(m, 1, 5)
+    tokens, _ = sbd.sbd_generate(m, prompt, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=59)
+    assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 16, 1.5, "entropy", 59)[0]
+    assert len(tokens[0]) == 59 and len(sbd.ntp_generate(m, prompt, 59)[0][0]) == 59
+
+
 def test_stats_add_up():
     m = random_model("gpt-tiny")
     tokens, stats = sbd.sbd_generate(m, random_prompts(m, 2, 3), 8, 1.5, mask_id=mask_id_of(m),
@@ -315,7 +324,7 @@ def test_stats_add_up():
     (dict(mask_id=64), "outside"),
     (dict(mask_id=-1), "outside"),
     (dict(mask_id=None), "outside"),
-    (dict(max_new_tokens=50), "context"),  # 5 + 50 + 16 > block_size 64
+    (dict(max_new_tokens=60), "context"),  # 5 + 60 > block_size 64
     (dict(prompt=torch.zeros(1, 0, dtype=torch.long)), "empty"),
     (dict(prompt=[[1, 2, 3], [1, 2]]), "unequal"),
     (dict(rule="greedy"), "rule"),

@@ -232,7 +232,7 @@ def test_hf_checkpoint_errors(tmp_path):
     save_hf({**good, "model.layers.0.self_attn.q_norm.weight": torch.ones(16)}, tmp_path / "extra",
             tiny_config_json(8192), sharded=False)
     expect_error(lambda: load_hf_checkpoint(tmp_path / "extra"), "model.layers.0.self_attn.q_norm.weight")
-    for case, change in {"ffn": {"intermediate_size": 160}, "tied": {"tie_word_embeddings": True},
+    for case, change in {"head_dim": {"head_dim": 32}, "tied": {"tie_word_embeddings": True},
                          "rope": {"rope_scaling": {"type": "yarn", "factor": 4.0}}, "unknown": {"sliding_window": 8}}.items():
         save_hf(good, tmp_path / case, {**tiny_config_json(8192), **change}, sharded=False)
         expect_error(lambda: load_hf_checkpoint(tmp_path / case), "config.json", next(iter(change)))

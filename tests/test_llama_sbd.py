@@ -1,0 +1,201 @@
+"""The Llama SBD fine-tuning path on a CPU, with a tiny random Llama written by the test in Meta's and HF's layouts,
+a tiny tokenizer.model (the 256 single bytes, so the special tokens are ids 256..511) and a tiny JSONL file:
+JSONL rows, flex_attention == dense SDPA, activation checkpointing, one train.py SBD step (and a resume), the
+mask token never sampled, and bench_gpu.py's CPU preset. What only a GPU can show: bench_gpu.py's header."""
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import BlockMask
+
+import sbd
+from load_llama import config_from_hf, write_safetensors
+from model import IGNORE_INDEX, LLAMA_PRESETS, Llama, LlamaConfig, load_checkpoint
+from task import JsonlTask
+from test_llama_io import to_hf, tiny_config_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N_BASE = 256  # byte-level ranks only: <|begin_of_text|> = 256, mask (reserved_0) = 258, <|eot_id|> = 265
+MASK, EOT, PAD = N_BASE + 2, N_BASE + 9, N_BASE + 4
+TINY = dict(LLAMA_PRESETS["llama-tiny"], vocab_size=2 * N_BASE, rope_original_context=8192)
+PAIRS = [{"prompt": f"What is {a} + {b}?", "response": f"{a} + {b} = {a + b}."} for a, b in
+         [(1, 2), (3, 4), (10, 20), (7, 8), (5, 5), (12, 30), (2, 9), (40, 2)]]
+
+
+def write_tokenizer(path):
+    path.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    return path
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(**TINY))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # norms away from 1, so nothing is trivially symmetric
+    return model
+
+
+def write_llama_dir(directory, layout):
+    """A tiny Llama checkpoint directory in Meta's layout or an HF repo (tokenizer under original/)."""
+    model = tiny_llama()
+    directory.mkdir(parents=True)
+    if layout == "meta":
+        params = {k: getattr(model.config, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
+                                       "ffn_dim_multiplier", "norm_eps", "rope_theta", "use_scaled_rope")}
+        (directory / "params.json").write_text(json.dumps(params))
+        torch.save(model.state_dict(), directory / "consolidated.00.pth")
+        write_tokenizer(directory / "tokenizer.model")
+    else:
+        (directory / "config.json").write_text(json.dumps({**tiny_config_json(8192), "vocab_size": 2 * N_BASE}))
+        write_safetensors(to_hf(model), directory / "model.safetensors")
+        (directory / "original").mkdir()
+        write_tokenizer(directory / "original" / "tokenizer.model")
+    return model
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    (d / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
+    return dict(tokenizer=str(write_tokenizer(d / "tokenizer.model")), jsonl=str(d / "pairs.jsonl"), dir=d)
+
+
+# -----------------------------------------------------------------------------
+# config and data
+
+
+def test_ffn_hidden_size_overrides_the_recipe():
+    assert LlamaConfig(**TINY).ffn_hidden == 224  # int(1.3 * int(8 * 64 / 3)) = 221, rounded up to 32
+    assert LlamaConfig(**TINY, ffn_hidden_size=200).ffn_hidden == 200
+    config = config_from_hf({**tiny_config_json(8192), "intermediate_size": 200}, "config.json")
+    assert config.ffn_hidden == 200 and Llama(config).layers[0].feed_forward.w1.weight.shape == (200, 64)
+
+
+def test_jsonl_rows(files):
+    task = JsonlTask(files["jsonl"], files["tokenizer"], seq_len=64)
+    assert (task.mask_id, task.stop_id, task.stop_ids, task.vocab_size) == (MASK, EOT, [257, 264, 265], 512)
+    assert len(task.splits["val"]) == 1 and len(task.splits["train"]) == 7  # 1%, at least one pair
+    assert sorted(task.splits["train"] + task.splits["val"]) == sorted((p["prompt"], p["response"]) for p in PAIRS)
+    assert JsonlTask(files["jsonl"], files["tokenizer"], seq_len=64).splits == task.splits  # a fixed split
+    x, y, answer = task.training_tensors("train", loss_on_answer_only=True)
+    assert x.shape == y.shape == answer.shape == (7, 64)
+    prompt, response = task.splits["train"][0]
+    p = task.encode_prompt(prompt)  # byte-level tokens: one id per byte; 262/263 = start/end of a header
+    assert p == [256, 262, *b"user", 263, *b"\n\n", *prompt.encode(), EOT, 262, *b"assistant", 263, *b"\n\n"]
+    r = list(response.encode()) + [EOT]
+    assert x[0].tolist() == p + r + [PAD] * (64 - len(p) - len(r))
+    assert answer[0].tolist() == [False] * len(p) + [True] * len(r) + [False] * (64 - len(p) - len(r))
+    # targets: only the response and its <|eot_id|> (predicted from the position before each)
+    assert y[0].tolist() == [IGNORE_INDEX] * (len(p) - 1) + r + [IGNORE_INDEX] * (65 - len(p) - len(r))
+    _, y_all, _ = task.training_tensors("train", loss_on_answer_only=False)
+    assert y_all[0].tolist() == p[1:] + r + [IGNORE_INDEX] * (65 - len(p) - len(r))  # the prompt too, never padding
+
+
+def test_jsonl_cuts_long_rows_and_reports_bad_files(files, tmp_path, capsys):
+    task = JsonlTask(files["jsonl"], files["tokenizer"], seq_len=38)  # rows of 39; chat prompts are 37-39 tokens
+    x, y, answer = task.training_tensors("train", loss_on_answer_only=True)
+    assert 0 < len(x) < 7 and answer.any(dim=1).all() and (y != IGNORE_INDEX).any(dim=1).all()
+    assert f"7 of 7 pairs cut at seq_len=38 ({7 - len(x)} of them dropped" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match='"prompt".*"response"'):
+        JsonlTask(str(tmp_path / "nowhere.jsonl"), files["tokenizer"], seq_len=30)
+    (tmp_path / "bad.jsonl").write_text(json.dumps(PAIRS[0]) + "\n" + json.dumps({"prompt": "hi"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        JsonlTask(str(tmp_path / "bad.jsonl"), files["tokenizer"], seq_len=30)
+
+
+# -----------------------------------------------------------------------------
+# model: flex_attention and activation checkpointing
+
+
+def sbd_batch(L=20, k=4):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 2 * N_BASE, (2, L), generator=g)
+    answer = torch.arange(L) >= torch.tensor([[5], [7]])  # answers start at 5 and 7: per-row block phases
+    return x, x.roll(-1, 1), answer, k, (answer.int().argmax(1) % k), g
+
+
+def test_flex_attention_matches_dense_sdpa():
+    """The same pure mask function as a BlockMask (flex_attention, eager on a CPU) and as a dense bool mask (SDPA)."""
+    model = tiny_llama().eval()
+    x, y, answer, k, phases, g = sbd_batch()
+    idx, pos, dense, _ = sbd.sbd_inputs(x, y, MASK, k, phases, answer, torch.Generator().manual_seed(1))
+    _, _, blocks, _ = sbd.sbd_inputs(x, y, MASK, k, phases, answer, torch.Generator().manual_seed(1), flex=True)
+    assert isinstance(blocks, BlockMask) and dense.shape == (2, 40, 40)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()": expected on a CPU
+        want, _ = model(idx, pos=pos, mask=dense)
+        got, _ = model(idx, pos=pos, mask=blocks)
+    assert (got - want).abs().max() < 1e-4
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    model = tiny_llama()
+    x, y, answer, k, phases, g = sbd_batch()
+    idx, pos, mask, labels = sbd.sbd_inputs(x, y, MASK, k, phases, answer, g)
+    grads = []
+    for checkpointing in (False, True):
+        model.activation_checkpointing = checkpointing
+        model.zero_grad()
+        logits, _ = model(idx, pos=pos, mask=mask)
+        sbd.sbd_loss(logits, labels, x.size(1))[0].backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
+# -----------------------------------------------------------------------------
+# train.py on a tiny Llama, then decoding its checkpoint
+
+
+def run(script, *args, timeout=240):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("layout", ["meta", "hf"])
+def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
+    write_llama_dir(tmp_path / layout, layout)
+    out_dir = tmp_path / "out"
+    args = [f"--init_from={tmp_path / layout}", f"--dataset={files['jsonl']}", f"--out_dir={out_dir}", "--seq_len=48",
+            "--batch_size=2", "--ntp_iters=0", "--sbd_iters=2", "--warmup_iters=1", "--eval_interval=1",
+            "--eval_iters=1", "--log_interval=1", "--report=False", "--device=cpu", "--activation_checkpointing=True"]
+    log = run("train.py", *args)
+    assert "iter 1 [sbd]" in log and "saved the SBD model" in log
+    model, ckpt = load_checkpoint(str(out_dir / "ckpt_sbd.pt"))
+    assert ckpt["model_family"] == "llama" and LlamaConfig(**ckpt["model_args"]) == model.config
+    assert model.config.vocab_size == 512 and model.config.n_kv_heads == 2
+    tokenizer_path = str(tmp_path / layout / ("tokenizer.model" if layout == "meta" else "original/tokenizer.model"))
+    assert ckpt["tokenizer"] == dict(kind="llama", path=tokenizer_path)
+    assert ckpt["sbd"]["mask_id"] == MASK and ckpt["sbd"]["stop_ids"] == [257, 264, 265]
+    if layout == "meta":  # resume continues where the run stopped
+        log = run("train.py", *args[1:], "--init_from=resume", "--sbd_iters=3")
+        assert "iter 2 [sbd]" in log and "iter 1 [sbd]" not in log
+        assert torch.load(out_dir / "ckpt_sbd.pt", weights_only=False)["iter_num"] == 3
+    # the mask token is an input only: even where it is the model's favourite output, no decoder emits it
+    model.output.register_forward_hook(lambda module, inputs, logits: logits.index_add(
+        -1, torch.tensor([MASK]), torch.full((*logits.shape[:-1], 1), 100.0)))
+    prompt = JsonlTask(files["jsonl"], tokenizer_path, 48).encode_prompt("What is 2 + 2?")
+    logits, _ = model(torch.tensor([prompt]))
+    assert (logits.argmax(-1) == MASK).all()  # the unsuppressed favourite everywhere
+    out, _ = sbd.sbd_generate(model, [prompt], k=4, gamma=0.5, mask_id=MASK, max_new_tokens=12, stop_ids=[EOT])
+    assert len(out[0]) > 0 and MASK not in out[0]
+    out, _ = sbd.sbd_generate(model, [prompt], k=4, gamma=0.5, mask_id=MASK, max_new_tokens=12, temperature=1.0,
+                              generator=torch.Generator().manual_seed(0))
+    assert MASK not in out[0]
+    out, _ = sbd.ntp_generate(model, [prompt], 12, mask_id=MASK)
+    assert MASK not in out[0]
+
+
+def test_train_py_rejects_mismatched_settings(files):
+    out = subprocess.run([sys.executable, "train.py", f"--dataset={files['jsonl']}", "--device=cpu"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "a .jsonl dataset fine-tunes a Llama" in out.stderr
