@@ -39,12 +39,12 @@ device = autodetect_device()  # cuda -> mps -> cpu
 configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
+if mode not in ("sbd", "ntp", "both"):
+    raise SystemExit(f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
 torch.manual_seed(seed)
 path = os.path.join(out_dir, f"ckpt_{ckpt}.pt")
 model, checkpoint = load_checkpoint(path, device)
 info = checkpoint.get("sbd")  # None for an NTP-only model
-if mode not in ("sbd", "ntp", "both"):
-    raise SystemExit(f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
 if mode != "ntp" and info is None:
     raise SystemExit(f"{path} is not an SBD model (its 'sbd' entry is None): use --mode=ntp, "
                      "or the SBD checkpoint (--ckpt=sbd)")
@@ -54,7 +54,8 @@ tokenizer = CharTokenizer(checkpoint["tokenizer"]["chars"])
 
 info = info or {}
 k = k or info.get("k") or 16
-gamma = info.get("gamma_low") if gamma is None else gamma
+calibrated = info.get("gammas", {}).get(str(k), [info.get("gamma_low")])  # evaluate.py stores γ per k
+gamma = calibrated[0] if gamma is None else gamma
 if gamma is None and mode != "ntp":
     gamma = 0.01  # tiny models need a far lower γ than the paper's (FINDINGS.md); evaluate.py calibrates one
     print(f"the checkpoint has no calibrated γ (run evaluate.py); using γ={gamma}")
