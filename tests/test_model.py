@@ -1,0 +1,334 @@
+"""
+model.py checked against definitions written out independently here: an uncached full forward for the
+KV cache, hand-written 0/1 matrices for the masks, LLAMA.md's rules for RoPE, GQA and the 8B shapes.
+
+Tiny random models in float32; cached and uncached logits must agree to 1e-5 (they do to ~3e-6). Weights are
+drawn with std 0.1, five times the training init, so that attention is far from uniform and a wrong mask,
+position or cache entry moves the logits by 0.1 or more, far beyond the tolerance.
+"""
+
+import math
+
+import pytest
+import torch
+
+import model as model_lib
+import sbd
+from model import LlamaConfig, dense_mask
+
+FAMILIES = ["gpt-tiny", "llama-tiny"]
+TOL = 1e-5
+
+
+def random_model(family, seed=0, std=0.1):
+    torch.manual_seed(seed)
+    m = model_lib.build_model(family)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+    return m.float().eval()
+
+
+def random_tokens(m, B, T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, m.config.vocab_size, (B, T), generator=g)
+
+
+def max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+def hand_hybrid_mask(n_prefix, n_block):
+    """[prefix ; block] written out from SBD.md: a prefix slot sees the prefix slots up to itself (causal);
+    a block slot sees every prefix slot and every slot of its block (bidirectional)."""
+    T = n_prefix + n_block
+    mask = torch.zeros(T, T, dtype=torch.bool)
+    for q in range(T):
+        for k in range(T):
+            mask[q, k] = k <= q if q < n_prefix else True
+    return mask  # (T, T)
+
+
+def cache_snapshot(cache):
+    return cache.length, [t.clone() for t in cache.k], [t.clone() for t in cache.v]
+
+
+def assert_cache_equal(cache, snapshot, atol=0.0):
+    length, ks, vs = snapshot
+    assert cache.length == length
+    for layer, (k0, v0, k1, v1) in enumerate(zip(ks, vs, cache.k, cache.v)):
+        # the whole buffer, not only [0, length): a block forward must leave no trace in the cache at all
+        assert max_diff(k0, k1) <= atol and max_diff(v0, v1) <= atol, f"layer {layer}: cache changed"
+
+# -----------------------------------------------------------------------------
+# 1-3: the KV cache against one uncached forward
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("step", [1, 3])
+def test_cached_decoding_equals_full_forward(family, step):
+    """Prefill 7 tokens, then feed the rest `step` tokens at a time through the cache."""
+    m = random_model(family)
+    idx = random_tokens(m, 2, 22)  # batch 2
+    full, _ = m(idx)  # (2, 22, V): one causal forward, no cache
+    cache = m.new_cache(2, 22, "cpu")
+    pieces = [m(idx[:, :7], cache=cache)[0]]
+    for t in range(7, 22, step):
+        pieces.append(m(idx[:, t:t + step], cache=cache)[0])
+    assert cache.length == 22
+    assert max_diff(torch.cat(pieces, dim=1), full) <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_block_on_cache_equals_full_forward_and_leaves_cache_alone(family):
+    m = random_model(family, seed=1)
+    P, k = 9, 4
+    prefix, block = random_tokens(m, 2, P, seed=1), random_tokens(m, 2, k, seed=2)
+    block[:, 1] = m.config.vocab_size - 1  # a mask token among real ones, as during decoding
+    mask = hand_hybrid_mask(P, k)  # (P + k, P + k)
+
+    full, _ = m(torch.cat([prefix, block], dim=1), mask=mask)  # no cache, positions 0..P+k-1
+
+    cache = m.new_cache(2, 32, "cpu")
+    m(prefix, cache=cache)
+    before = cache_snapshot(cache)
+    block_logits, _ = m(block, mask=mask[P:], cache=cache, n_commit=0)  # mask rows of the block: (k, P + k)
+    assert max_diff(block_logits, full[:, P:]) <= TOL
+    assert_cache_equal(cache, before)  # length P and every slot exactly as before
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_commit_previous_and_new_block_in_one_forward(family):
+    """forward([prev ; block], n_commit=len(prev)) == commit prev causally, then the block alone."""
+    m = random_model(family, seed=2)
+    P, n_prev, k = 6, 4, 4
+    prefix, prev, block = (random_tokens(m, 2, n, seed=s) for n, s in ((P, 3), (n_prev, 4), (k, 5)))
+    block[:, 0] = block[:, 3] = m.config.vocab_size - 1
+    mask = hand_hybrid_mask(P + n_prev, k)  # the previous block is part of the causal prefix now
+
+    one, two = m.new_cache(2, 32, "cpu"), m.new_cache(2, 32, "cpu")
+    m(prefix, cache=one)
+    m(prefix, cache=two)
+    combined, _ = m(torch.cat([prev, block], dim=1), mask=mask[P:], cache=one, n_commit=n_prev)
+    prev_logits, _ = m(prev, cache=two)  # default: causal on top of the cache
+    block_logits, _ = m(block, mask=mask[P + n_prev:], cache=two, n_commit=0)
+
+    assert max_diff(combined[:, :n_prev], prev_logits) <= TOL
+    assert max_diff(combined[:, n_prev:], block_logits) <= TOL
+    assert one.length == two.length == P + n_prev
+    assert_cache_equal(one, cache_snapshot(two), atol=TOL)
+    full, _ = m(torch.cat([prefix, prev, block], dim=1), mask=mask)  # and both equal no cache at all
+    assert max_diff(combined, full[:, P:]) <= TOL
+
+# -----------------------------------------------------------------------------
+# 4: every mask function against a matrix written by hand
+
+
+def test_causal_mask():
+    assert dense_mask(model_lib.causal_mask, 4, 4).int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1]]
+    # 3 new tokens on top of a cache of 2: queries are slots 2, 3, 4
+    assert dense_mask(model_lib.causal_mask, 3, 5, query_offset=2).int().tolist() == [
+        [1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1]]
+
+
+def test_hybrid_mask():
+    # a block of 4 after a prefix of 3 (sbd.hybrid_mask's docstring)
+    assert dense_mask(lambda q, k: sbd.hybrid_mask(q, k, 3), 7, 7).int().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1, 1]]
+    # decoding: 2 cached slots, then 1 token committed causally (slot 2), then a block of 3 (slots 3-5)
+    assert dense_mask(lambda q, k: sbd.hybrid_mask(q, k, 3), 4, 6, query_offset=2).int().tolist() == [
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1]]
+
+
+def training_mask_rows(phase):
+    return dense_mask(lambda q, k: sbd.sbd_training_mask(q, k, 8, 4, phase), 16, 16).int().tolist()
+
+
+def test_sbd_training_mask_phase_0():
+    # L = 8, k = 4: columns c0..c7 | n0..n7 (SBD.md's worked example, 0-based)
+    assert training_mask_rows(0) == [
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # c0
+        [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],  # c7
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],  # n0: block 0 sees only itself
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],  # n4: block 1 sees c0..c3 and itself
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]]
+
+
+def test_sbd_training_mask_phase_1():
+    # blocks start at 1 and 5: n0 is a block of its own ([-3, 0]), then n1..n4, then n5..n7
+    assert training_mask_rows(1) == [
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # c0
+        [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],  # c7
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],  # n0
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0],  # n1..n4 see c0
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1],  # n5..n7 see c0..c4
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]]
+
+# -----------------------------------------------------------------------------
+# 5: Llama-3.1 facts (LLAMA.md)
+
+
+def test_llama31_rope_frequencies():
+    """LLAMA.md's rule with its constants (theta 500000, head_dim 128, scale 8, factors 1 and 4, context 8192)."""
+    got = model_lib.rope_frequencies(LlamaConfig()).double()  # (64,)
+    assert got.shape == (64,)
+    expected, kind = [], []
+    for i in range(64):
+        freq = 1.0 / 500000.0 ** (2 * i / 128)
+        wavelen = 2 * math.pi / freq
+        if wavelen < 8192 / 4:
+            expected.append(freq), kind.append("keep")
+        elif wavelen > 8192 / 1:
+            expected.append(freq / 8), kind.append("divide")
+        else:
+            smooth = (8192 / wavelen - 1) / (4 - 1)
+            expected.append((1 - smooth) * freq / 8 + smooth * freq), kind.append("smooth")
+    assert [i for i, c in enumerate(kind) if c == "keep"] == list(range(0, 29))
+    assert [i for i, c in enumerate(kind) if c == "smooth"] == list(range(29, 35))
+    assert [i for i, c in enumerate(kind) if c == "divide"] == list(range(35, 64))
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0.0)
+    # and the three ranges seen in the model's own output
+    base = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    torch.testing.assert_close(got[:29], base[:29], rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(got[35:], base[35:] / 8, rtol=1e-6, atol=0.0)
+    assert (got[29:35] < base[29:35] * (1 - 1e-4)).all() and (got[29:35] > base[29:35] / 8 * (1 + 1e-4)).all()
+
+
+def meta_rotary(x, pos, inv_freq):
+    """Meta's reference: pairs (x[2i], x[2i+1]) as complex numbers times e^{i pos freq_i}; x (B, T, h, hd)."""
+    freqs_cis = torch.polar(torch.ones(len(pos), len(inv_freq)), torch.outer(pos.float(), inv_freq))  # (T, hd/2)
+    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, h, hd/2)
+    return torch.view_as_real(x_c * freqs_cis[None, :, None, :]).flatten(3)  # (B, T, h, hd)
+
+
+def test_gqa_attention_equals_explicit_head_repetition():
+    m = random_model("llama-tiny", seed=3)
+    c = m.config  # 4 query heads, 2 K/V heads of 16
+    attn = m.layers[0].attention
+    B, T, hd, n_rep = 2, 7, c.head_dim, c.n_heads // c.n_kv_heads
+    x = torch.randn(B, T, c.dim, generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(T)
+    cos, sin = model_lib.rotary_cos_sin(pos, m.inv_freq)
+    got = attn(x, cos, sin, 0, None, None, T)  # (B, T, dim), causal
+
+    q = meta_rotary((x @ attn.wq.weight.T).view(B, T, c.n_heads, hd), pos, m.inv_freq)
+    k = meta_rotary((x @ attn.wk.weight.T).view(B, T, c.n_kv_heads, hd), pos, m.inv_freq)
+    v = (x @ attn.wv.weight.T).view(B, T, c.n_kv_heads, hd)
+    k, v = k.repeat_interleave(n_rep, dim=2), v.repeat_interleave(n_rep, dim=2)  # query head h uses K/V head h // n_rep
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    heads = []
+    for h in range(c.n_heads):
+        scores = q[:, :, h] @ k[:, :, h].transpose(1, 2) / math.sqrt(hd)  # (B, T, T)
+        heads.append(scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v[:, :, h])  # (B, T, hd)
+    expected = torch.cat(heads, dim=-1) @ attn.wo.weight.T  # (B, T, dim)
+    assert max_diff(got, expected) <= TOL
+
+
+def test_llama31_8b_shapes_and_parameter_count():
+    config = LlamaConfig()
+    assert config.ffn_hidden == 14336
+    with torch.device("meta"):  # shapes only, nothing allocated
+        m = model_lib.Llama(config)
+    assert sum(p.numel() for p in m.parameters()) == 8_030_261_248
+    assert m.layers[0].attention.wk.weight.shape == (1024, 4096)
+    assert m.layers[0].feed_forward.w1.weight.shape == (14336, 4096)
+    assert m.output.weight.shape == (128256, 4096)
+
+# -----------------------------------------------------------------------------
+# 6: clear errors
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_position_past_the_context(family):
+    m = random_model(family)
+    n = m.max_seq_len
+    with pytest.raises(ValueError, match=f"position {n} is past the model's context of {n} tokens"):
+        m(torch.zeros(1, 2, dtype=torch.long), pos=torch.tensor([0, n]))
+    if family == "gpt-tiny":  # the same through the cache: its slot is the position
+        cache = m.new_cache(1, n + 4, "cpu")
+        m(torch.zeros(1, n, dtype=torch.long), cache=cache)
+        with pytest.raises(ValueError, match="past the model's context"):
+            m(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_overflow(family):
+    m = random_model(family)
+    cache = m.new_cache(1, 5, "cpu")
+    m(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match=r"KV cache full: 3 cached \+ 3 new tokens > max_len 5"):
+        m(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    assert cache.length == 3
+    m(torch.zeros(1, 4, dtype=torch.long), cache=cache, n_commit=2,  # 2 committed fit, the 2 others are not kept
+      mask=torch.ones(4, 7, dtype=torch.bool))
+    assert cache.length == 5
+
+
+def test_n_commit_needs_a_cache():
+    m = random_model("gpt-tiny")
+    with pytest.raises(ValueError, match="n_commit only means something with a KV cache"):
+        m(torch.zeros(1, 4, dtype=torch.long), n_commit=2)
+
+
+def tiny_checkpoint(family, m):
+    args = {"gpt-tiny": model_lib.GPT_PRESETS, "llama-tiny": model_lib.LLAMA_PRESETS}[family][family]
+    return dict(model=m.state_dict(), model_family=family.split("-")[0], model_args=dict(args))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_load_checkpoint_round_trip_and_shape_mismatch(family, tmp_path):
+    m = random_model(family)
+    path = str(tmp_path / "ckpt.pt")
+    model_lib.save_checkpoint(tiny_checkpoint(family, m), path)
+    loaded, _ = model_lib.load_checkpoint(path)
+    idx = random_tokens(m, 1, 10)
+    assert torch.equal(loaded(idx)[0], m(idx)[0])
+
+    checkpoint = tiny_checkpoint(family, m)
+    name = {"gpt-tiny": "transformer.h.1.mlp.c_fc.weight", "llama-tiny": "layers.1.attention.wk.weight"}[family]
+    checkpoint["model"][name] = checkpoint["model"][name][:-1]  # one row short
+    model_lib.save_checkpoint(checkpoint, path)
+    with pytest.raises(ValueError, match=rf"tensor {name} has shape"):
+        model_lib.load_checkpoint(path)
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at .*nope\.pt: train one first \(python train\.py"):
+        model_lib.load_checkpoint(str(tmp_path / "nope.pt"))
