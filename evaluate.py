@@ -62,11 +62,14 @@ def calibrate(model, task, ntp_val_accuracy, ks, low_target, high_target, rule="
     return chosen
 
 
-def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=2.0, timing_problems=200):
-    """Calibrate γ on val, evaluate on test, print the table, store the γ values in ckpt_sbd.pt."""
+def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=2.0, timing_problems=200,
+           max_problems=None):
+    """Calibrate γ on val, evaluate on test, print the table, store the γ values in ckpt_sbd.pt.
+    max_problems: use only the first max_problems of each split (a quick smoke run; None = all)."""
     ntp_model, _ = load_checkpoint(f"{out_dir}/ckpt_ntp.pt", device)
     sbd_model, checkpoint = load_checkpoint(f"{out_dir}/ckpt_sbd.pt", device)
     task = CharTask(checkpoint["dataset"])
+    task.splits = {split: problems[:max_problems] for split, problems in task.splits.items()}
     test = task.splits["test"]
     t0 = time.time()
     ntp_val = solve(ntp_model, task, task.splits["val"], "ntp")["accuracy"]

@@ -70,6 +70,7 @@ eval_interval = 500  # also writes ckpt_resume.pt
 eval_iters = 4  # batches per loss estimate
 halt_after = -1  # stop after this many iterations (time-boxed runs, tests); init_from=resume continues
 report = True  # at the end: calibrate γ on val and print the Table-1 report on test (evaluate.py)
+report_problems = 0  # val/test problems the report uses (0 = all; the end-to-end test uses a few)
 # system
 seed = 1337
 device = ""  # '' = autodetect cuda -> mps -> cpu
@@ -337,7 +338,7 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
                 print(f"saved the SBD model to {out_dir}/ckpt_sbd.pt")
             if report and master and not llama:  # the Table-1 report grades the small tasks' answers
                 import evaluate
-                evaluate.report(out_dir, device=device)
+                evaluate.report(out_dir, device=device, max_problems=report_problems or None)
     elif master:
         print(f"halted after iteration {iter_num}; continue with --init_from=resume")
 if ddp:

@@ -1,0 +1,252 @@
+"""
+SBD training (sbd.py's top half and train.py), checked against SBD.md and against the decoding path:
+the training mask and labels against the worked example, the noise against "η ~ U(0,1) once per sequence",
+the 2L training forward against prefill + block forward through the KV cache, and train.py end to end
+(both stages, the report, exact resume, clear errors) in subprocesses with tiny settings.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import model as model_lib
+import sbd
+from model import IGNORE_INDEX
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAMILIES = ["gpt-tiny", "llama-tiny"]
+
+# -----------------------------------------------------------------------------
+# 7: mask, labels and noise against SBD.md
+
+
+def test_training_mask_is_the_worked_example():
+    # SBD.md, L = 8, k = 4; columns: clean x1..x8 | noisy x̂1..x̂8 (here 0-based c0..c7 | n0..n7)
+    expected = [
+        [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # clean: causal, never the noisy half
+        [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],  # first noisy block: only its own four slots
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],  # second: clean x1..x4 and its own four slots
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]]
+    masks = sbd.training_mask(8, 4, torch.tensor([0, 0]))  # (B, 2L, 2L), one per row
+    assert masks.shape == (2, 16, 16)
+    assert masks[0].int().tolist() == expected and masks[1].int().tolist() == expected
+
+
+def mask_by_the_rules(L, k, phase):
+    """SBD.md's four rules, 1-based as written there, blocks of k starting at phase + 1, phase + 1 ± k, ..."""
+    T = 2 * L
+    mask = torch.zeros(T, T, dtype=torch.bool)
+    block = lambda i: (i - 1 - phase) // k  # block of 1-based noisy position i
+    for q in range(T):
+        for key in range(T):
+            q_clean, k_clean = q < L, key < L
+            i, j = q % L + 1, key % L + 1  # 1-based positions within each half
+            if q_clean and k_clean:
+                mask[q, key] = j <= i
+            elif not q_clean and k_clean:
+                mask[q, key] = j < block(i) * k + phase + 1  # clean tokens before the block starts
+            elif not q_clean and not k_clean:
+                mask[q, key] = block(j) == block(i)
+    return mask
+
+
+@pytest.mark.parametrize("L, k, phases", [(8, 4, [0, 1, 2, 3]), (11, 3, [0, 2]), (10, 16, [0, 7])])
+def test_training_mask_follows_the_rules_per_row_phase(L, k, phases):
+    masks = sbd.training_mask(L, k, torch.tensor(phases))
+    for row, phase in enumerate(phases):
+        assert torch.equal(masks[row], mask_by_the_rules(L, k, phase)), f"phase {phase}"
+
+
+def test_labels_of_the_worked_example(monkeypatch):
+    """noisy half [x1, m, x3, m | m, m, x7, m] -> noisy labels [-, x2, -, x4 | x5, x6, -, x8]."""
+    M, _ = 99, IGNORE_INDEX
+    x = torch.tensor([[11, 12, 13, 14, 15, 16, 17, 18]])  # x1..x8
+    y = torch.tensor([[12, 13, 14, 15, 16, 17, 18, 19]])  # their next tokens x2..x9
+    is_masked = torch.tensor([[0, 1, 0, 1, 1, 1, 0, 1]]).bool()
+    monkeypatch.setattr(sbd, "add_noise", lambda x, mask_id, maskable=None, generator=None:
+                        (torch.where(is_masked, mask_id, x), is_masked))
+    idx, pos, mask, labels = sbd.sbd_inputs(x, y, M, 4, torch.tensor([0]))
+    assert idx.tolist() == [[11, 12, 13, 14, 15, 16, 17, 18, 11, M, 13, M, M, M, 17, M]]
+    assert pos.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]
+    assert labels.tolist() == [[12, 13, 14, 15, 16, 17, 18, 19, _, 12, _, 14, 15, 16, _, 18]]
+    assert torch.equal(mask, sbd.training_mask(8, 4, torch.tensor([0])))
+
+
+def test_labels_with_random_noise():
+    """Noisy position i is labelled x_i exactly where x̂_i is the mask token; clean labels are y."""
+    g = torch.Generator().manual_seed(0)
+    B, L, M = 16, 40, 50
+    x = torch.randint(0, M, (B, L), generator=g)
+    y = torch.randint(0, M, (B, L), generator=g)
+    y[:, :5] = IGNORE_INDEX  # e.g. loss_on_answer_only: the clean labels are y whatever they hold
+    maskable = torch.arange(L) >= 10  # noise on the answer only
+    idx, pos, mask, labels = sbd.sbd_inputs(x, y, M, 4, torch.zeros(B, dtype=torch.long),
+                                            maskable.expand(B, L), g)
+    clean, noisy = idx[:, :L], idx[:, L:]
+    assert torch.equal(clean, x) and torch.equal(labels[:, :L], y)
+    is_masked = noisy == M
+    assert torch.equal(noisy[~is_masked], x[~is_masked])  # a noisy token is x_i or the mask
+    assert torch.equal(labels[:, L:], torch.where(is_masked, x, IGNORE_INDEX))
+    assert not is_masked[:, :10].any() and 0 < is_masked.float().mean() < 0.9
+
+
+def test_masking_rate_is_drawn_per_sequence():
+    """η ~ U(0,1) once per sequence: the rows' mask fractions spread over (0, 1), while inside a row
+    both halves are masked at the same rate (that row's η)."""
+    B, L = 400, 1000
+    _, is_masked = sbd.add_noise(torch.zeros(B, L, dtype=torch.long), 1, generator=torch.Generator().manual_seed(0))
+    frac = is_masked.float().mean(dim=1)  # (B,)
+    assert frac.std() > 0.2  # U(0,1) has std 0.29; a rate per batch gives ~0, a rate per token ~0.016
+    assert frac.min() < 0.05 and frac.max() > 0.95
+    first, second = is_masked[:, :L // 2].float().mean(1), is_masked[:, L // 2:].float().mean(1)
+    assert (first - second).abs().max() < 0.15  # binomial noise of 500 draws: std of the difference <= 0.032
+
+# -----------------------------------------------------------------------------
+# 8: the training forward and the decoding forward agree
+
+
+def random_model(family, seed=0, std=0.1):
+    torch.manual_seed(seed)
+    m = model_lib.build_model(family)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+    return m.float().eval()
+
+
+def blocks_of(L, k, phase):
+    """(start, end) of the noisy blocks covering 0..L-1 when blocks start at phase, phase ± k, ..."""
+    return [(max(s, 0), min(s + k, L)) for s in range(phase - k if phase else 0, L, k)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("k", [4, 5])
+def test_training_forward_equals_decoding_forward(family, k):
+    """Noisy block [s, e) of the 2L training forward == decoding: x[:s] in the KV cache, then the block
+    x̂[s:e] on top (sbd.block_forward: hybrid mask, n_commit=0); and the same with x[s-1] committed in the
+    block's forward, as the first forward of a decoded block does."""
+    m = random_model(family)
+    B, L, mask_id = 3, 14, m.config.vocab_size - 1
+    g = torch.Generator().manual_seed(k)
+    x = torch.randint(0, mask_id, (B, L), generator=g)
+    phases = torch.tensor([0, 2, 3])  # per-row phases, one of them 0
+    idx, pos, mask, _ = sbd.sbd_inputs(x, x, mask_id, k, phases, generator=g)
+    noisy = idx[:, L:]
+    is_masked = noisy == mask_id
+    assert 0.2 < is_masked.float().mean() < 0.8, "want both masked and revealed block positions"
+    with torch.no_grad():
+        train_logits, _ = m(idx, pos=pos, mask=mask)  # (B, 2L, V)
+        for b, phase in enumerate(phases.tolist()):
+            for s, e in blocks_of(L, k, phase):
+                expected = train_logits[b:b + 1, L + s:L + e]  # (1, e - s, V)
+                cache = m.new_cache(1, L, "cpu")
+                if s > 0:
+                    m(x[b:b + 1, :s], cache=cache)
+                got = sbd.block_forward(m, cache, x[b:b + 1, :0], noisy[b:b + 1, s:e])
+                assert (got - expected).abs().max() <= 1e-5, f"row {b} (phase {phase}), block {s}..{e}"
+                if s > 0:
+                    cache = m.new_cache(1, L, "cpu")
+                    if s > 1:
+                        m(x[b:b + 1, :s - 1], cache=cache)
+                    got = sbd.block_forward(m, cache, x[b:b + 1, s - 1:s], noisy[b:b + 1, s:e])
+                    assert (got - expected).abs().max() <= 1e-5, f"row {b}, block {s}..{e}, committing x[s-1]"
+        # the clean half is plain next-token prediction
+        assert (train_logits[:, :L] - m(x)[0]).abs().max() <= 1e-5
+
+# -----------------------------------------------------------------------------
+# 9-11: train.py end to end
+
+
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--batch_size=8"]
+
+
+def train(*args, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "train.py", "config/sbd_small.py", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_main_command_end_to_end(tmp_path):
+    out = str(tmp_path / "out")
+    t0 = time.time()
+    run = train(f"--out_dir={out}", "--ntp_iters=30", "--sbd_iters=30", *TINY, "--log_interval=5",
+                "--eval_interval=20", "--report_problems=20")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert time.time() - t0 < 60
+    assert os.path.exists(f"{out}/ckpt_ntp.pt") and os.path.exists(f"{out}/ckpt_sbd.pt")
+    assert "Table 1 on 20 held-out test problems" in run.stdout
+    for row in ("NTP baseline", "SBD model, NTP decoding", "SBD k=8 γ_low", "SBD k=16 γ_high"):
+        assert row in run.stdout
+    log = read_log(out)
+    assert [r["iter"] for r in log] == list(range(0, 60, 5))
+    assert [r["stage"] for r in log] == ["ntp"] * 6 + ["sbd"] * 6
+    ntp, sbd_ = [r["loss"] for r in log[:6]], [r["loss"] for r in log[6:]]
+    assert ntp[-1] < ntp[0] - 0.1 and sbd_[-1] < sbd_[0]
+    _, checkpoint = model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
+    assert checkpoint["sbd"]["gamma_low"] is not None  # the report stored its calibrated γ
+
+
+RESUME = ["--ntp_iters=4", "--sbd_iters=4", *TINY, "--log_interval=1", "--eval_interval=2", "--report=False"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("full"))
+    run = train(f"--out_dir={out}", *RESUME)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("halt_after", [3, 5])  # before and after the NTP -> SBD switch at iteration 4
+def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
+    out = str(tmp_path)
+    first = train(f"--out_dir={out}", *RESUME, f"--halt_after={halt_after}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"halted after iteration {halt_after}" in first.stdout
+    assert len(read_log(out)) == halt_after and not os.path.exists(f"{out}/ckpt_sbd.pt")
+    second = train(f"--out_dir={out}", *RESUME, "--init_from=resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert read_log(out) == read_log(uninterrupted)  # iter, stage, loss and k of all 8 iterations, exactly
+    for name in ("ckpt_ntp.pt", "ckpt_sbd.pt"):
+        resumed = torch.load(f"{out}/{name}", weights_only=False)["model"]
+        straight = torch.load(f"{uninterrupted}/{name}", weights_only=False)["model"]
+        assert all(torch.equal(resumed[key], straight[key]) for key in straight), name
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n_layr=2"], "unknown config key 'n_layr' in the command line; did you mean 'n_layer'?"),
+    (["--dataset=nope"], "unknown dataset 'nope'"),
+    (["--k_min=0"], "block sizes need 1 <= k_min <= k_max, got k_min=0, k_max=16"),
+    (["--k_min=8", "--k_max=4"], "block sizes need 1 <= k_min <= k_max, got k_min=8, k_max=4"),
+    (["--block_phase=bogus"], "block_phase must be 'answer', 'random' or 'zero', got 'bogus'"),
+    (["--ntp_weight=-1"], "ntp_weight, ntp_iters and sbd_iters must be >= 0"),
+    (["--ntp_weight=heavy"], "config key 'ntp_weight' in the command line must be float, got str 'heavy'"),
+])
+def test_bad_settings_are_clear_errors(tmp_path, args, message):
+    run = train(f"--out_dir={tmp_path}", *args, "--ntp_iters=1", "--sbd_iters=0", "--report=False")
+    assert run.returncode != 0
+    assert message in run.stderr
+    assert "iter 0" not in run.stdout  # refused before any training
