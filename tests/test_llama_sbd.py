@@ -165,9 +165,10 @@ def run(script, *args, timeout=240):
 def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     write_llama_dir(tmp_path / layout, layout)
     out_dir = tmp_path / "out"
-    args = [f"--init_from={tmp_path / layout}", f"--dataset={files['jsonl']}", f"--out_dir={out_dir}", "--seq_len=48",
-            "--batch_size=2", "--ntp_iters=0", "--sbd_iters=2", "--warmup_iters=1", "--eval_interval=1",
-            "--eval_iters=1", "--log_interval=1", "--report=False", "--device=cpu", "--activation_checkpointing=True"]
+    args = ["config/sbd_llama8b.py", f"--init_from={tmp_path / layout}", f"--dataset={files['jsonl']}",
+            f"--out_dir={out_dir}", "--device=cpu", "--dtype=float32", "--fsdp=False", "--attention=sdpa",
+            "--seq_len=48", "--batch_size=2", "--gradient_accumulation_steps=2", "--sbd_iters=2", "--warmup_iters=1",
+            "--eval_interval=1", "--eval_iters=1", "--log_interval=1"]  # the GPU config, shrunk to a CPU
     log = run("train.py", *args)
     assert "iter 1 [sbd]" in log and "saved the SBD model" in log
     model, ckpt = load_checkpoint(str(out_dir / "ckpt_sbd.pt"))
@@ -177,7 +178,7 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     assert ckpt["tokenizer"] == dict(kind="llama", path=tokenizer_path)
     assert ckpt["sbd"]["mask_id"] == MASK and ckpt["sbd"]["stop_ids"] == [257, 264, 265]
     if layout == "meta":  # resume continues where the run stopped
-        log = run("train.py", *args[1:], "--init_from=resume", "--sbd_iters=3")
+        log = run("train.py", *args, "--init_from=resume", "--sbd_iters=3")
         assert "iter 2 [sbd]" in log and "iter 1 [sbd]" not in log
         assert torch.load(out_dir / "ckpt_sbd.pt", weights_only=False)["iter_num"] == 3
     # the mask token is an input only: even where it is the model's favourite output, no decoder emits it
@@ -195,7 +196,40 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     assert MASK not in out[0]
 
 
+def test_fsdp_and_ddp_agree_on_two_cpu_processes(files, tmp_path):
+    """torchrun, 2 CPU processes (gloo): FSDP2 (shards, checkpoints gathered on rank 0) trains exactly as DDP."""
+    write_llama_dir(tmp_path / "meta", "meta")
+    losses, weights = {}, {}
+    for mode in ("ddp", "fsdp"):
+        out_dir = tmp_path / mode
+        args = ["config/sbd_llama8b.py", f"--init_from={tmp_path / 'meta'}", f"--dataset={files['jsonl']}",
+                f"--out_dir={out_dir}", "--dtype=float32", f"--fsdp={mode == 'fsdp'}", "--attention=sdpa",
+                "--seq_len=48", "--batch_size=2", "--gradient_accumulation_steps=1", "--sbd_iters=3",
+                "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1", "--log_interval=1"]
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                              "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        losses[mode] = [json.loads(line)["loss"] for line in (out_dir / "log.jsonl").read_text().splitlines()]
+        weights[mode] = load_checkpoint(str(out_dir / "ckpt_sbd.pt"))[0].state_dict()
+    assert len(losses["fsdp"]) == 3 and losses["fsdp"] == pytest.approx(losses["ddp"], abs=1e-4)
+    assert all(torch.allclose(weights["fsdp"][name], w, atol=1e-5) for name, w in weights["ddp"].items())
+
+
 def test_train_py_rejects_mismatched_settings(files):
     out = subprocess.run([sys.executable, "train.py", f"--dataset={files['jsonl']}", "--device=cpu"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "a .jsonl dataset fine-tunes a Llama" in out.stderr
+
+
+# -----------------------------------------------------------------------------
+# bench_gpu.py: the CPU smoke test of the GPU benchmark
+
+
+def test_bench_gpu_tiny_preset_on_cpu():
+    log = run("bench_gpu.py", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64, 128)", "--ks=(1, 2, 16, 32)",
+              "--reps=2", "--warmup=1", "--bandwidth=50")
+    for kv in (64, 128):
+        assert f"KV {kv}: NTP decode" in log and f"KV {kv}: k-token forward / 1-token forward" in log
+        assert f"KV {kv}: Eq. 16, k=16 in l=4 forwards" in log
+    assert "a decode step reads" in log and "GB/s achieved" in log

@@ -1,0 +1,146 @@
+"""
+Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of the paper's Table 3.
+
+    python bench_gpu.py                                    # 8B shapes, random bf16 weights; ~1 min on an H100/H200
+    python bench_gpu.py --bandwidth=3350                   # state the GPU's peak memory bandwidth (GB/s) yourself
+    python bench_gpu.py --preset=llama-tiny --device=cpu   # the CPU smoke test (tests/test_llama_sbd.py)
+
+1. NTP decoding, batch 1, at KV lengths 1k and 8k: the median time of one 1-token forward through the KV cache,
+   as tokens/s, against the memory-bandwidth ceiling. A decode step must read every weight once (the output
+   head included, the embedding table only one row) plus the whole KV cache, so
+       ceiling tokens/s = bandwidth / (weight bytes + KV bytes),   achieved bandwidth = bytes / measured time.
+2. The time of a k-token forward on top of the same cache over the 1-token forward, k = 1, 2, 4, ..., 64: what
+   SBD pays per forward for predicting k tokens at once (the paper models it: 1.004 at k=16, 1.015 at k=64 for
+   FP8 on an H100; here it is measured, bf16, eager PyTorch). Two columns: the forward itself (the block's keys
+   are written into the cache's spare slots, a view, no copy), and sbd.block_forward exactly as decoding runs
+   it (a block is never committed, so KVCache.extend concatenates [cache ; block]: a copy of the cache per layer).
+3. Eq. 16 with the measured times: the wall-clock speed-up of a block of k=16 tokens decoded in l=4 forwards
+   (an NFE speed-up of 4): 16 t(1) / (t(32, commit 16) + 3 t(16)). The paper's roofline says 3.98.
+
+Weights are random (built on the meta device, then allocated on the GPU and initialised there: no 16 GB copy
+on the CPU); decoding speed does not depend on their values. Timing: CUDA-synchronised wall clock around
+each forward, warmup forwards first, median of reps. Eager mode: at batch 1 the GPU waits for Python to launch
+~15 kernels per layer, so a 1-token forward is slower than its bandwidth bound and the k-token ratios come out
+closer to 1 than a CUDA-graph build (gpt-fast) would give; read the achieved-bandwidth figure with that in mind.
+"""
+
+import statistics
+import sys
+import time
+
+import torch
+
+import sbd
+from configurator import configure
+from model import LLAMA_PRESETS, Llama, LlamaConfig, autodetect_device, dense_mask, rope_frequencies
+
+# -----------------------------------------------------------------------------
+preset = "llama3.1-8b"  # a key of model.LLAMA_PRESETS ('llama-tiny' for a CPU smoke test)
+device = ""  # '' = autodetect cuda -> mps -> cpu
+dtype = "bfloat16"  # weights and KV cache
+bandwidth = 0.0  # peak memory bandwidth in GB/s (1e9 bytes/s); 0 = from the GPU's name (BANDWIDTH below)
+kv_lengths = (1024, 8192)  # tokens already in the KV cache
+ks = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward
+warmup = 5  # untimed forwards before each measurement
+reps = 20  # timed forwards; the median is reported
+seed = 1337
+configure(globals(), sys.argv[1:])
+# -----------------------------------------------------------------------------
+BANDWIDTH = [("H200", 4800), ("H100 PCIe", 2000), ("H100 NVL", 3900), ("H100", 3350), ("A100-SXM4-80GB", 2039),
+             ("A100 80GB PCIe", 1935), ("A100", 1555)]  # GB/s, NVIDIA's data sheets; first matching name wins
+
+
+def synchronize():
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, before=lambda: None):
+    """Median wall-clock milliseconds of fn() over `reps` calls, after `warmup` calls; before() runs untimed."""
+    times = []
+    for i in range(warmup + reps):
+        before()
+        synchronize()
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def build_model(config, device, dtype):
+    """Random weights straight on `device`: the meta device knows the shapes, to_empty allocates, init fills."""
+    with torch.device("meta"):
+        model = Llama(config).to(dtype)
+    model = model.to_empty(device=device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+    model.inv_freq = rope_frequencies(config).to(device)  # a buffer: to_empty left it uninitialised
+    return model.eval()
+
+
+torch.manual_seed(seed)
+device = device or autodetect_device()
+ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+config = LlamaConfig(**LLAMA_PRESETS[preset])
+if max(kv_lengths) + 3 * max(ks) > config.max_seq_len:
+    raise SystemExit(f"KV length {max(kv_lengths)} + 3 x {max(ks)} tokens is past {preset}'s context of "
+                     f"{config.max_seq_len}: lower --kv_lengths or --ks")
+if not device.startswith("cuda") and config.dim >= 1024:
+    raise SystemExit(f"{preset} on {device} would take hours: this is a GPU benchmark (--preset=llama-tiny on a CPU)")
+if not bandwidth and device.startswith("cuda"):
+    name = torch.cuda.get_device_name()
+    bandwidth = next((gbs for key, gbs in BANDWIDTH if key in name), 0.0)
+gpu = torch.cuda.get_device_name() if device.startswith("cuda") else device
+model = build_model(config, device, ptdtype)
+elem = torch.finfo(ptdtype).bits // 8
+n_params = sum(p.numel() for p in model.parameters())
+weight_bytes = (n_params - model.tok_embeddings.weight.numel() + config.dim) * elem  # one embedding row per step
+kv_bytes_per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * elem  # keys and values
+print(f"{preset}: {n_params:,} parameters in {dtype} on {gpu} (torch {torch.__version__}); a decode step reads "
+      f"{weight_bytes / 1e9:.3g} GB of weights + {kv_bytes_per_token / 1024:.3g} KiB per cached token; "
+      + (f"peak bandwidth {bandwidth:g} GB/s" if bandwidth else "peak bandwidth unknown: pass --bandwidth=<GB/s>"))
+
+with torch.inference_mode():
+    for L0 in kv_lengths:
+        cache = model.new_cache(1, L0 + 3 * max(ks), device, ptdtype)
+        for buffer in cache.k + cache.v:
+            buffer.normal_()  # contents do not change the cost; random keys keep softmax honest
+        tokens = torch.randint(config.vocab_size, (1, 2 * max(ks)), device=device)
+
+        def reset():  # every timed forward starts from L0 cached tokens
+            cache.length = L0
+
+        # 1. NTP decoding: one token in, committed to the cache (the view path, as sbd.ntp_generate runs it)
+        t1 = median_ms(lambda: model(tokens[:, :1], cache=cache), reset)
+        step_bytes = weight_bytes + L0 * kv_bytes_per_token
+        ceiling = f", {step_bytes / (t1 / 1000) / 1e9 / bandwidth:.0%} of {bandwidth:g} GB/s; ceiling " \
+                  f"{bandwidth * 1e9 / step_bytes:.1f} tokens/s" if bandwidth else ""
+        print(f"\nKV {L0}: NTP decode {t1:.2f} ms/token = {1000 / t1:.1f} tokens/s; {step_bytes / 1e9:.3g} GB read "
+              f"per token -> {step_bytes / (t1 / 1000) / 1e9:.3g} GB/s achieved{ceiling}")
+
+        # 2. k tokens in one forward over the same cache, as a block attending to the prefix and to itself
+        def block_mask(k):
+            return dense_mask(lambda q, key: sbd.hybrid_mask(q, key, L0), k, L0 + k, query_offset=L0, device=device)
+
+        print(f"KV {L0}: k-token forward / 1-token forward, median of {reps}")
+        print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'sbd.block_forward ms':>21} {'ratio':>7}")
+        times, sbd_times = {}, {}
+        for k in ks:
+            mask = block_mask(k)
+            times[k] = median_ms(lambda: model(tokens[:, :k], mask=mask, cache=cache, n_commit=k), reset)
+            sbd_times[k] = median_ms(lambda: sbd.block_forward(model, cache, tokens[:, :0], tokens[:, :k]), reset)
+            print(f"{k:4d} {times[k]:11.2f} {times[k] / t1:7.3f} {sbd_times[k]:21.2f} {sbd_times[k] / t1:7.3f}")
+
+        # 3. Eq. 16: a block of 16 in 4 forwards; the first one also commits the previous block (2k tokens in)
+        if 16 in ks and 32 in ks:
+            first = median_ms(lambda: sbd.block_forward(model, cache, tokens[:, :16], tokens[:, 16:32]), reset)
+            print(f"KV {L0}: Eq. 16, k=16 in l=4 forwards: wall-clock speed-up "
+                  f"{16 * t1 / (times[32] + 3 * times[16]):.2f}x (forward column), "
+                  f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (sbd.block_forward); the paper's roofline 3.98x")
+        del cache

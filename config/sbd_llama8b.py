@@ -1,0 +1,54 @@
+# SBD fine-tuning of Llama-3.1-8B (Instruct or base) on your own prompt/response pairs, on GPUs.
+# Needs: the checkpoint directory as downloaded (Meta's original/ layout or HF's safetensors, tokenizer.model
+# next to the weights or under original/), and a JSONL file with one {"prompt": "...", "response": "..."} per line.
+#
+# 8 GPUs (the recipe below; FSDP2: fp32 master weights sharded over the GPUs, bf16 compute):
+#   torchrun --standalone --nproc_per_node=8 train.py config/sbd_llama8b.py \
+#       --init_from=/models/Meta-Llama-3.1-8B-Instruct --dataset=/data/pairs.jsonl
+# 1 GPU (H200, or an 80 GB H100 with little to spare): no FSDP, so weights, gradients and AdamW state are all
+# bf16 (64 GB); a small batch, so a small learning rate (the paper's 3B SFT used 1e-5):
+#   python train.py config/sbd_llama8b.py --fsdp=False --batch_size=1 --gradient_accumulation_steps=16 \
+#       --sbd_lr=1e-5 --sbd_iters=1000 --init_from=/models/Meta-Llama-3.1-8B-Instruct --dataset=/data/pairs.jsonl
+# Then decode with the chat format, SBD against NTP:  python sample.py --out_dir=out-sbd-llama8b --start="..."
+# Resume either run with the same command plus --init_from=resume (the tokenizer path is in the checkpoint).
+#
+# Checkpoints: under FSDP every rank sends its shards to rank 0's CPU memory, which writes one ordinary file
+# (ckpt_sbd.pt with fp32 weights, 32 GB; ckpt_resume.pt adds the whole AdamW state, 96 GB: rank 0's host needs
+# that much free memory). The 8-GPU resume must use FSDP again: its optimizer state is keyed by parameter name.
+out_dir = "out-sbd-llama8b"
+init_from = "Meta-Llama-3.1-8B-Instruct"  # the checkpoint directory: set it on the command line
+dataset = "pairs.jsonl"  # a .jsonl dataset selects the Llama path in train.py: set it on the command line
+seq_len = 2048  # tokens per row (chat prompt + response + padding); the SBD forward sees 2 x 2048
+loss_on_answer_only = True  # instruction tuning: losses and noise on the response (and its <|eot_id|>) only
+block_phase = "answer"  # noisy blocks start at each row's first response token, where decoding starts
+
+# the paper's 8B recipe (SBD.md): AdamW, peak lr 3e-4, 200 warmup iterations, cosine decay, ~2M-token batches,
+# k ~ U{2..16} once per step, the NTP term kept (Eq. 14). Not stated there, our choice: decay to 0.1 x peak,
+# betas (0.9, 0.95), weight decay 0.1 and gradient clipping at 1.0, as in Llama pretraining.
+ntp_iters = 0  # the model already predicts the next token; fine-tune with SBD only
+sbd_iters = 2000  # the paper ran 34k (70B tokens); 2000 x 2.1M = 4.2B tokens, about two days on 8 H100s (estimate)
+sbd_lr = 3e-4  # the paper's 8B value, meant for 2M-token batches: lower it with the batch
+warmup_iters = 200
+min_lr_ratio = 0.1
+beta1 = 0.9
+beta2 = 0.95
+weight_decay = 0.1
+grad_clip = 1.0
+k_min = 2
+k_max = 16
+ntp_weight = 1.0
+batch_size = 2  # rows per GPU per micro-step (each one a 4096-token SBD forward)
+gradient_accumulation_steps = 64  # 8 GPUs x 2 rows x 64 x 2048 tokens = 2.1M tokens per step
+
+# GPU settings
+dtype = "bfloat16"
+fsdp = True  # torchrun only; --fsdp=False for one GPU (or DDP of a model whose bf16 copy fits each GPU 4 times)
+activation_checkpointing = True  # keep one block input per layer, recompute the rest in backward
+attention = "flex"  # the (B, 4096, 4096) SBD mask as a flex_attention BlockMask: SDPA with a dense mask and
+# grouped-query attention falls back to its math kernel, which stores every layer's full score matrix
+compile = False  # flex_attention is compiled on its own either way
+
+log_interval = 10
+eval_interval = 250  # also writes ckpt_resume.pt
+eval_iters = 8
+report = False  # evaluate.py's Table-1 report grades the small synthetic tasks, not free-form chat
