@@ -118,6 +118,28 @@ def test_masking_rate_is_drawn_per_sequence():
     first, second = is_masked[:, :L // 2].float().mean(1), is_masked[:, L // 2:].float().mean(1)
     assert (first - second).abs().max() < 0.15  # binomial noise of 500 draws: std of the difference <= 0.032
 
+
+def test_loss_is_one_cross_entropy_over_all_labelled_positions():
+    """Eq. 14 (SBD.md step 6): -log p of every labelled position, NTP and masked tokens alike, averaged."""
+    g = torch.Generator().manual_seed(0)
+    B, L, V = 3, 6, 7
+    logits = torch.randn(B, 2 * L, V, generator=g)
+    labels = torch.randint(0, V, (B, 2 * L), generator=g)
+    labels[torch.rand(B, 2 * L, generator=g) < 0.4] = IGNORE_INDEX
+    nll = {"clean": [], "noisy": []}
+    for b in range(B):
+        for i in range(2 * L):
+            if labels[b, i] != IGNORE_INDEX:
+                p = torch.softmax(logits[b, i].double(), dim=0)[labels[b, i]]
+                nll["clean" if i < L else "noisy"].append(-torch.log(p).item())
+    mean = lambda xs: sum(xs) / len(xs)
+    loss, ntp, mtp = sbd.sbd_loss(logits, labels, L)
+    assert loss.item() == pytest.approx(mean(nll["clean"] + nll["noisy"]), rel=1e-5)
+    assert ntp.item() == pytest.approx(mean(nll["clean"]), rel=1e-5)
+    assert mtp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5)
+    loss_without_ntp, _, _ = sbd.sbd_loss(logits, labels, L, ntp_weight=0.0)  # the paper's ablation
+    assert loss_without_ntp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5)
+
 # -----------------------------------------------------------------------------
 # 8: the training forward and the decoding forward agree
 
