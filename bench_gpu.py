@@ -32,7 +32,7 @@ import torch
 
 import sbd
 from configurator import configure
-from model import LLAMA_PRESETS, Llama, LlamaConfig, autodetect_device, dense_mask, rope_frequencies
+from model import LLAMA_PRESETS, Llama, LlamaConfig, autodetect_device, dense_mask
 
 # -----------------------------------------------------------------------------
 preset = "llama3.1-8b"  # a key of model.LLAMA_PRESETS ('llama-tiny' for a CPU smoke test)
@@ -73,14 +73,13 @@ def build_model(config, device, dtype):
     """Random weights straight on `device`: the meta device knows the shapes, to_empty allocates, init fills."""
     with torch.device("meta"):
         model = Llama(config).to(dtype)
-    model = model.to_empty(device=device)
+    model = model.to_empty(device=device)  # (Llama._apply recomputes the rotary frequencies in fp32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02)
-    model.inv_freq = rope_frequencies(config).to(device)  # a buffer: to_empty left it uninitialised
     return model.eval()
 
 

@@ -432,6 +432,13 @@ class Llama(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    def _apply(self, fn, recurse=True):
+        """model.to(torch.bfloat16) casts floating buffers too, and bf16 rotary frequencies would turn a token at
+        position 8000 by whole radians: after any .to() / .cuda() / .to_empty(), recompute them in fp32."""
+        super()._apply(fn, recurse)
+        self.inv_freq = rope_frequencies(self.config).to(self.inv_freq.device)
+        return self
+
     @property
     def max_seq_len(self):
         return self.config.max_seq_len

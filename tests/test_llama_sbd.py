@@ -16,7 +16,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 import sbd
 from load_llama import config_from_hf, write_safetensors
-from model import IGNORE_INDEX, LLAMA_PRESETS, Llama, LlamaConfig, load_checkpoint
+from model import IGNORE_INDEX, LLAMA_PRESETS, Llama, LlamaConfig, load_checkpoint, rope_frequencies
 from task import JsonlTask
 from test_llama_io import to_hf, tiny_config_json
 
@@ -133,6 +133,12 @@ def test_flex_attention_matches_dense_sdpa():
         want, _ = model(idx, pos=pos, mask=dense)
         got, _ = model(idx, pos=pos, mask=blocks)
     assert (got - want).abs().max() < 1e-4
+
+
+def test_casting_to_bf16_keeps_the_rotary_frequencies_in_fp32():
+    model = tiny_llama().to(torch.bfloat16)
+    assert model.output.weight.dtype == torch.bfloat16 and model.inv_freq.dtype == torch.float32
+    assert torch.equal(model.inv_freq, rope_frequencies(model.config))
 
 
 def test_activation_checkpointing_gives_the_same_gradients():
