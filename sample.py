@@ -3,6 +3,8 @@ Sample from a trained model with next-token decoding (NTP), Set Block Decoding (
 
     python sample.py --out_dir=out-sbd-small --start=" Q:52+228=?A:"            # SBD and NTP, compared
     python sample.py --out_dir=out-sbd-small --show_steps=True --num_samples=1  # the paper's Figure 2b
+    python sample.py --out_dir=out-sbd-llama8b --start="Write a haiku."          # an SBD-tuned Llama (chat format)
+    python sample.py --init_from=Meta-Llama-3.1-8B-Instruct --mode=ntp --start="Hi"  # a Llama as downloaded
 
 Loads out_dir/ckpt_sbd.pt (or ckpt_ntp.pt with --ckpt=ntp), written by train.py. For every sample it prints
 the text and one summary line: tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of
@@ -16,12 +18,14 @@ import sys
 import torch
 
 from configurator import configure
+from load_llama import load_llama
 from model import autodetect_device, load_checkpoint
 from sbd import format_steps, ntp_generate, sbd_generate
-from tokenizer import CharTokenizer
+from tokenizer import CharTokenizer, Llama3Tokenizer
 
 # -----------------------------------------------------------------------------
 out_dir = "out-sbd-small"  # where train.py wrote ckpt_sbd.pt and ckpt_ntp.pt
+init_from = ""  # or a Llama 3 directory as downloaded (Meta or HF layout): an NTP model, so mode=ntp
 ckpt = "sbd"  # 'sbd' -> ckpt_sbd.pt, 'ntp' -> ckpt_ntp.pt (the NTP baseline, mode=ntp only)
 start = "\n"  # the prompt, or FILE:path to read it from a file
 mode = "both"  # 'sbd', 'ntp', or 'both': decode each sample both ways and compare
@@ -42,15 +46,26 @@ configure(globals(), sys.argv[1:])
 if mode not in ("sbd", "ntp", "both"):
     raise SystemExit(f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
 torch.manual_seed(seed)
-path = os.path.join(out_dir, f"ckpt_{ckpt}.pt")
-model, checkpoint = load_checkpoint(path, device)
+if init_from:  # never trained with the mask token: NTP decoding only (it still never emits the mask token)
+    model, found = load_llama(init_from, device, torch.bfloat16 if device.startswith("cuda") else None)
+    path, checkpoint = init_from, dict(sbd=None, tokenizer=dict(kind="llama", path=found["tokenizer_path"]))
+else:
+    path = os.path.join(out_dir, f"ckpt_{ckpt}.pt")
+    model, checkpoint = load_checkpoint(path, device)
 info = checkpoint.get("sbd")  # None for an NTP-only model
 if mode != "ntp" and info is None:
     raise SystemExit(f"{path} is not an SBD model (its 'sbd' entry is None): use --mode=ntp, "
                      "or the SBD checkpoint (--ckpt=sbd)")
-if checkpoint["tokenizer"]["kind"] != "char":
-    raise SystemExit(f"sample.py reads character-level checkpoints; this one has {checkpoint['tokenizer']}")
-tokenizer = CharTokenizer(checkpoint["tokenizer"]["chars"])
+if checkpoint["tokenizer"]["kind"] == "llama":  # the prompt is a user message in Llama 3.1's chat format
+    if checkpoint["tokenizer"]["path"] is None:
+        raise SystemExit(f"{path}: no tokenizer.model next to the weights (or under original/)")
+    tokenizer = Llama3Tokenizer(checkpoint["tokenizer"]["path"])
+    encode = lambda text: tokenizer.encode_chat([{"role": "user", "content": text}])  # noqa: E731
+    info = {"stop_ids": tokenizer.stop_ids, "mask_id": tokenizer.mask_id, **(info or {})}  # 128001/8/9, 128002
+    model = model.to(torch.bfloat16) if device.startswith("cuda") else model  # FSDP checkpoints hold fp32
+else:
+    tokenizer = CharTokenizer(checkpoint["tokenizer"]["chars"])
+    encode = tokenizer.encode
 
 info = info or {}
 k = k or info.get("k") or 16
@@ -65,10 +80,10 @@ mask_id = info.get("mask_id")  # NTP decoding never emits it either
 if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
         start = f.read()
-unknown = sorted(set(start) - set(tokenizer.chars))
+unknown = sorted(set(start) - set(tokenizer.chars)) if isinstance(tokenizer, CharTokenizer) else []
 if unknown:
     raise SystemExit(f"the prompt has characters outside the model's vocabulary: {unknown}")
-prompt = torch.tensor([tokenizer.encode(start)], device=device)  # (1, T0)
+prompt = torch.tensor([encode(start)], device=device)  # (1, T0)
 generator = torch.Generator(device).manual_seed(seed)
 sbd_args = dict(k=k, gamma=gamma, rule=rule, mask_id=mask_id, stop_ids=stop_ids, temperature=temperature,
                 top_k=top_k, generator=generator)

@@ -187,6 +187,13 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
         log = run("train.py", *args, "--init_from=resume", "--sbd_iters=3")
         assert "iter 2 [sbd]" in log and "iter 1 [sbd]" not in log
         assert torch.load(out_dir / "ckpt_sbd.pt", weights_only=False)["iter_num"] == 3
+        # sample.py: the fine-tuned checkpoint (SBD and NTP), and the Llama as downloaded (NTP only)
+        log = run("sample.py", f"--out_dir={out_dir}", "--start=What is 2 + 2?", "--num_samples=1",
+                  "--max_new_tokens=8", "--device=cpu")
+        assert "What is 2 + 2?" in log and "SBD k=16" in log and "vs NTP" in log
+        log = run("sample.py", f"--init_from={tmp_path / layout}", "--mode=ntp", "--start=Hi", "--num_samples=1",
+                  "--max_new_tokens=8", "--device=cpu")
+        assert "NTP: 8 tokens in 8 forwards" in log
     # the mask token is an input only: even where it is the model's favourite output, no decoder emits it
     model.output.register_forward_hook(lambda module, inputs, logits: logits.index_add(
         -1, torch.tensor([MASK]), torch.full((*logits.shape[:-1], 1), 100.0)))
