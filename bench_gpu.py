@@ -11,11 +11,13 @@ Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of th
        ceiling tokens/s = bandwidth / (weight bytes + KV bytes),   achieved bandwidth = bytes / measured time.
 2. The time of a k-token forward on top of the same cache over the 1-token forward, k = 1, 2, 4, ..., 64: what
    SBD pays per forward for predicting k tokens at once (the paper models it: 1.004 at k=16, 1.015 at k=64 for
-   FP8 on an H100; here it is measured, bf16, eager PyTorch). Two columns: the forward itself (the block's keys
+   FP8 on an H100 at KV length 16; here it is measured, bf16, eager PyTorch). Before the table, the SDPA kernels
+   that accept such a block forward (a boolean mask and grouped-query heads: torch's docs say only the flash and
+   math kernels do GQA, and flash takes no mask, so a GPU may be left with MATH). Two columns: the forward itself (the block's keys
    are written into the cache's spare slots, a view, no copy), and sbd.block_forward exactly as decoding runs
    it (a block is never committed, so KVCache.extend concatenates [cache ; block]: a copy of the cache per layer).
 3. Eq. 16 with the measured times: the wall-clock speed-up of a block of k=16 tokens decoded in l=4 forwards
-   (an NFE speed-up of 4): 16 t(1) / (t(32, commit 16) + 3 t(16)). The paper's roofline says 3.98.
+   (an NFE speed-up of 4): 16 t(1) / (t(32) + 3 t(16)). The paper's roofline says 3.98.
 
 Weights are random (built on the meta device, then allocated on the GPU and initialised there: no 16 GB copy
 on the CPU); decoding speed does not depend on their values. Timing: CUDA-synchronised wall clock around
@@ -27,8 +29,11 @@ closer to 1 than a CUDA-graph build (gpt-fast) would give; read the achieved-ban
 import statistics
 import sys
 import time
+import warnings
 
 import torch
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import sbd
 from configurator import configure
@@ -67,6 +72,25 @@ def median_ms(fn, before=lambda: None):
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return 1000 * statistics.median(times)
+
+
+def sdpa_kernels(n_queries, mask):
+    """The SDPA kernels that accept this model's attention with a boolean mask and grouped-query heads, as an SBD
+    block forward calls it. SDPA runs the first that does; MATH alone means no fused kernel: the score matrix
+    is materialised and the K/V heads are copied to match the query heads, in every layer of every forward."""
+    q = torch.randn(1, config.n_heads, n_queries, config.head_dim, device=device, dtype=ptdtype)
+    kv = torch.randn(1, config.n_kv_heads, mask.size(-1), config.head_dim, device=device, dtype=ptdtype)
+    accepted = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH):
+        try:
+            with sdpa_kernel([backend]), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # each refusal also warns why
+                F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=True)
+            accepted.append(backend.name)
+        except RuntimeError:  # "No available kernel"
+            pass
+    return ", ".join(accepted)
 
 
 def build_model(config, device, dtype):
@@ -127,6 +151,8 @@ with torch.inference_mode():
         def block_mask(k):
             return dense_mask(lambda q, key: sbd.hybrid_mask(q, key, L0), k, L0 + k, query_offset=L0, device=device)
 
+        print(f"KV {L0}: SDPA kernels that take a masked grouped-query block of {max(ks)}: "
+              f"{sdpa_kernels(max(ks), block_mask(max(ks)))}")
         print(f"KV {L0}: k-token forward / 1-token forward, median of {reps}")
         print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'sbd.block_forward ms':>21} {'ratio':>7}")
         times, sbd_times = {}, {}

@@ -244,5 +244,5 @@ def test_bench_gpu_tiny_preset_on_cpu():
               "--reps=2", "--warmup=1", "--bandwidth=50")
     for kv in (64, 128):
         assert f"KV {kv}: NTP decode" in log and f"KV {kv}: k-token forward / 1-token forward" in log
-        assert f"KV {kv}: Eq. 16, k=16 in l=4 forwards" in log
+        assert f"KV {kv}: Eq. 16, k=16 in l=4 forwards" in log and f"KV {kv}: SDPA kernels" in log
     assert "a decode step reads" in log and "GB/s achieved" in log
