@@ -11,11 +11,12 @@ Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of th
        ceiling tokens/s = bandwidth / (weight bytes + KV bytes),   achieved bandwidth = bytes / measured time.
 2. The time of a k-token forward on top of the same cache over the 1-token forward, k = 1, 2, 4, ..., 64: what
    SBD pays per forward for predicting k tokens at once (the paper models it: 1.004 at k=16, 1.015 at k=64 for
-   FP8 on an H100 at KV length 16; here it is measured, bf16, eager PyTorch). Before the table, the SDPA kernels
-   that accept such a block forward (a boolean mask and grouped-query heads: torch's docs say only the flash and
-   math kernels do GQA, and flash takes no mask, so a GPU may be left with MATH). Two columns: the forward itself (the block's keys
-   are written into the cache's spare slots, a view, no copy), and sbd.block_forward exactly as decoding runs
-   it (a block is never committed, so KVCache.extend concatenates [cache ; block]: a copy of the cache per layer).
+   FP8 on an H100 at KV length 16; here it is measured, bf16, eager PyTorch). Two columns: the forward itself
+   (the block's keys are written into the cache's spare slots, a view, no copy), and sbd.block_forward exactly
+   as decoding runs it (a block is never committed, so KVCache.extend concatenates [cache ; block]: a copy of
+   the cache per layer). Before the table, the SDPA kernels that accept such a block forward (a boolean mask and
+   grouped-query heads: torch's docs say only the flash and math kernels do GQA, and flash takes no mask, so a
+   GPU may be left with MATH).
 3. Eq. 16 with the measured times: the wall-clock speed-up of a block of k=16 tokens decoded in l=4 forwards
    (an NFE speed-up of 4): 16 t(1) / (t(32) + 3 t(16)). The paper's roofline says 3.98.
 

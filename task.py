@@ -125,7 +125,7 @@ class JsonlTask:
                     pair = json.loads(line)
                 except json.JSONDecodeError:
                     pair = None
-                if not (isinstance(pair, dict) and all(isinstance(pair.get(key), str) for key in ("prompt", "response"))):
+                if not (isinstance(pair, dict) and all(isinstance(pair.get(k), str) for k in ("prompt", "response"))):
                     raise ValueError(f'{path}:{line_no}: expected {{"prompt": "...", "response": "..."}} '
                                      f"(two strings), got {line[:80]!r}")
                 pairs.append((pair["prompt"], pair["response"]))

@@ -216,7 +216,8 @@ def new_optimizer(stage):
 
 optimizer = new_optimizer(stage)
 if checkpoint is not None and fsdp:  # the full state, keyed by parameter name: each rank keeps its shard
-    set_optimizer_state_dict(raw_model, optimizer, checkpoint["optimizer"], options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(raw_model, optimizer, checkpoint["optimizer"],
+                             options=StateDictOptions(full_state_dict=True))
 elif checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
 checkpoint = None  # free memory

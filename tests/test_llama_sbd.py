@@ -47,8 +47,9 @@ def write_llama_dir(directory, layout):
     model = tiny_llama()
     directory.mkdir(parents=True)
     if layout == "meta":
-        params = {k: getattr(model.config, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
-                                       "ffn_dim_multiplier", "norm_eps", "rope_theta", "use_scaled_rope")}
+        keys = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of", "ffn_dim_multiplier",
+                "norm_eps", "rope_theta", "use_scaled_rope")  # params.json of llama-tiny
+        params = {k: getattr(model.config, k) for k in keys}
         (directory / "params.json").write_text(json.dumps(params))
         torch.save(model.state_dict(), directory / "consolidated.00.pth")
         write_tokenizer(directory / "tokenizer.model")
@@ -135,6 +136,28 @@ def test_flex_attention_matches_dense_sdpa():
     assert (got - want).abs().max() < 1e-4
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled flex_attention and its backward need CUDA")
+def test_compiled_flex_attention_matches_dense_sdpa_on_cuda():
+    """What train.py runs on a GPU: compiled flex_attention, forward and backward, equal to dense SDPA; and no
+    recompilation when the block size changes from step to step (k is a tensor in the mask function)."""
+    model = tiny_llama().cuda()
+    torch._dynamo.reset()
+    for i, k in enumerate((2, 5, 16)):
+        x, y, answer, _, phases, _ = (t.cuda() if torch.is_tensor(t) else t for t in sbd_batch(L=160, k=k))
+        results = []
+        for flex in (False, True):
+            noise = torch.Generator("cuda").manual_seed(1)
+            idx, pos, mask, labels = sbd.sbd_inputs(x, y, MASK, k, phases, answer, noise, flex=flex)
+            model.zero_grad()
+            with torch._dynamo.config.patch(error_on_recompile=i > 0):
+                logits, _ = model(idx, pos=pos, mask=mask)
+                sbd.sbd_loss(logits, labels, x.size(1))[0].backward()
+            results.append((logits.detach(), [p.grad.clone() for p in model.parameters()]))
+        (want, want_grads), (got, got_grads) = results
+        assert (got - want).abs().max() < 1e-4
+        assert all(torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in zip(got_grads, want_grads))
+
+
 def test_casting_to_bf16_keeps_the_rotary_frequencies_in_fp32():
     model = tiny_llama().to(torch.bfloat16)
     assert model.output.weight.dtype == torch.bfloat16 and model.inv_freq.dtype == torch.float32
@@ -207,6 +230,19 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     assert MASK not in out[0]
     out, _ = sbd.ntp_generate(model, [prompt], 12, mask_id=MASK)
     assert MASK not in out[0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU settings of config/sbd_llama8b.py need CUDA")
+def test_train_py_gpu_settings(files, tmp_path):
+    """One GPU, the config's own settings (bf16 weights, flex_attention, activation checkpointing), tiny sizes."""
+    write_llama_dir(tmp_path / "hf", "hf")
+    log = run("train.py", "config/sbd_llama8b.py", f"--init_from={tmp_path / 'hf'}", f"--dataset={files['jsonl']}",
+              f"--out_dir={tmp_path / 'out'}", "--fsdp=False", "--seq_len=160", "--batch_size=2",
+              "--gradient_accumulation_steps=2", "--sbd_iters=3", "--warmup_iters=1", "--eval_interval=2",
+              "--eval_iters=1", "--log_interval=1")
+    assert "iter 2 [sbd]" in log and "device cuda" in log
+    model, ckpt = load_checkpoint(str(tmp_path / "out" / "ckpt_sbd.pt"), "cuda")
+    assert model.output.weight.dtype == torch.bfloat16 and ckpt["config"]["attention"] == "flex"
 
 
 def test_fsdp_and_ddp_agree_on_two_cpu_processes(files, tmp_path):
