@@ -95,8 +95,9 @@ def add_noise(x, mask_id, maskable=None, generator=None):
     Returns (x̂, is_masked).
     """
     B, L = x.shape
-    eta = torch.rand(B, 1, generator=generator, device=x.device)  # (B, 1): one masking rate per sequence
-    is_masked = torch.rand(B, L, generator=generator, device=x.device) < eta  # (B, L)
+    device = generator.device if generator is not None else x.device  # train.py's CPU generator, a GPU batch
+    eta = torch.rand(B, 1, generator=generator, device=device).to(x.device)  # (B, 1): one masking rate per row
+    is_masked = torch.rand(B, L, generator=generator, device=device).to(x.device) < eta  # (B, L)
     if maskable is not None:
         is_masked &= maskable
     return torch.where(is_masked, torch.full_like(x, mask_id), x), is_masked
