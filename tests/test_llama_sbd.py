@@ -1,7 +1,9 @@
 """The Llama SBD fine-tuning path on a CPU, with a tiny random Llama written by the test in Meta's and HF's layouts,
 a tiny tokenizer.model (the 256 single bytes, so the special tokens are ids 256..511) and a tiny JSONL file:
-JSONL rows, flex_attention == dense SDPA, activation checkpointing, one train.py SBD step (and a resume), the
-mask token never sampled, and bench_gpu.py's CPU preset. What only a GPU can show: bench_gpu.py's header."""
+JSONL rows, flex_attention == dense SDPA, activation checkpointing, train.py SBD steps through the 8B config
+(and a resume), FSDP == DDP on two CPU processes, sample.py, the mask token never sampled, bench_gpu.py's CPU
+preset. Two tests need CUDA (compiled flex_attention with its backward; the config's GPU settings) and skip
+here; on a GPU machine run this file, then `python bench_gpu.py` (its header says what it measures)."""
 
 import base64
 import json
