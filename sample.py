@@ -84,6 +84,12 @@ unknown = sorted(set(start) - set(tokenizer.chars)) if isinstance(tokenizer, Cha
 if unknown:
     raise SystemExit(f"the prompt has characters outside the model's vocabulary: {unknown}")
 prompt = torch.tensor([encode(start)], device=device)  # (1, T0)
+room = model.max_seq_len - prompt.size(1)  # positions left in the model's context
+if room < 1:
+    raise SystemExit(f"the prompt has {prompt.size(1)} tokens; the model's context is {model.max_seq_len}")
+if max_new_tokens > room:
+    print(f"max_new_tokens {max_new_tokens} -> {room}: the model's context is {model.max_seq_len} tokens")
+    max_new_tokens = room
 generator = torch.Generator(device).manual_seed(seed)
 sbd_args = dict(k=k, gamma=gamma, rule=rule, mask_id=mask_id, stop_ids=stop_ids, temperature=temperature,
                 top_k=top_k, generator=generator)

@@ -454,7 +454,8 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
     REVEAL_RULES, threshold gamma: γ of the EB-Sampler, f of the factor rule) reveals some of them.
     The first forward of a block feeds [previous block ; block] and commits the previous block causally,
     later ones feed the block alone; nothing of a block's bidirectional forwards is ever cached.
-    Rows reveal independently: the result of a row is the same as decoding it alone. A row is done as soon
+    Rows reveal independently: a row's greedy result is the same as decoding it alone (sampling draws from
+    one random stream for the whole batch, so sampled rows are not). A row is done as soon
     as it has revealed a stop token and everything before it; it is cut after that stop token.
     Returns (tokens, stats): tokens[b] = row b's new ids up to and including its first stop token;
     stats.nfe[b] counts the decode forwards in which row b still had masks (record_steps: stats.steps).
