@@ -47,10 +47,10 @@ bias = False
 batch_size = 64  # sequences per micro-step
 gradient_accumulation_steps = 1
 # stage 1: NTP pretraining
-ntp_iters = 2000
+ntp_iters = 1200
 ntp_lr = 2e-3
 # stage 2: SBD fine-tuning
-sbd_iters = 2000
+sbd_iters = 1700
 sbd_lr = 1e-3
 k_min = 2  # block size k ~ U{k_min..k_max}, drawn once per step (the paper: 2..16)
 k_max = 16
@@ -65,7 +65,7 @@ grad_clip = 1.0
 warmup_iters = 100
 min_lr_ratio = 0.1
 # logging, evaluation, checkpoints
-log_interval = 50
+log_interval = 100
 eval_interval = 500  # also writes ckpt_resume.pt
 eval_iters = 4  # batches per loss estimate
 halt_after = -1  # stop after this many iterations (time-boxed runs, tests); init_from=resume continues
@@ -120,7 +120,6 @@ autocast = nullcontext() if device_type != "cuda" or dtype == "float32" else tor
 scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))
 os.makedirs(out_dir, exist_ok=True)
 torch.manual_seed(seed + rank)
-rng = torch.Generator().manual_seed(seed + rank)  # batches, block sizes, noise: saved and restored on resume
 
 # data: fixed-length rows, the completion starts at task.prompt_len in every row (a .jsonl's: where `answer` says)
 resume_path = os.path.join(out_dir, "ckpt_resume.pt")
@@ -191,8 +190,6 @@ if init_from == "resume":
                          f"{model_args}; use the run's original config")
     model.load_state_dict(checkpoint["model"])
     iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
-    rng.set_state(checkpoint["rng"])
-    torch.set_rng_state(checkpoint["torch_rng"])
 raw_model = model
 if compile:
     model = torch.compile(model)
@@ -272,8 +269,7 @@ def save_stage(name, sbd_meta):
 def save_resume():
     """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by parameter name."""
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL) if fsdp else optimizer.state_dict()
-    checkpoint = dict(stage_checkpoint(), stage=stage, optimizer=optimizer_state, rng=rng.get_state(),
-                      torch_rng=torch.get_rng_state())
+    checkpoint = dict(stage_checkpoint(), stage=stage, optimizer=optimizer_state)
     if master:
         save_checkpoint(checkpoint, resume_path)
 
@@ -299,6 +295,10 @@ while iter_num < total_iters:
     lr = lr_at(iter_num)
     for group in optimizer.param_groups:
         group["lr"] = lr
+    # every random draw of a step (batch, k, noise, dropout) is a function of (seed, rank, iter_num) alone,
+    # so a resumed run, on any number of ranks, draws exactly what an uninterrupted run would have
+    rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
+    torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
     k = int(torch.randint(k_min, k_max + 1, (1,), generator=rng))  # one block size per step (SBD.md step 2)
     for micro_step in range(gradient_accumulation_steps):
         if ddp and not fsdp:  # only synchronise gradients on the last micro-step (FSDP reduces them every time)
