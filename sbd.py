@@ -11,6 +11,9 @@ only causally processed tokens are ever written to it.
 Index convention: 0-based throughout; SBD.md's 1-based x_1..x_L is x[0]..x[L-1] here.
 """
 
+import time
+from dataclasses import dataclass
+
 import torch
 from torch.nn import functional as F
 
@@ -137,14 +140,12 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
 
 
 # -----------------------------------------------------------------------------
-# ---- decoding (SBD.md "Inference"): reveal rules, token choice, NTP and SBD decoding through one KV cache
+# decoding (SBD.md "Inference"): reveal rules, token choice, NTP and SBD decoding through one KV cache
 #
 # Both decoders share one convention, so that their forward counts and timings compare like with like:
 # prompt[:-1] is prefilled causally into the KV cache (one forward, counted apart as "prefill"), and the last
 # prompt token stays "pending": the first decode forward feeds it, as every later one feeds the newest tokens.
 
-import time  # noqa: E402  (used by decoding only; kept here so the training half above stays untouched)
-from dataclasses import dataclass  # noqa: E402
 
 # reveal rules: (B, k, V) probabilities + (B, k) is_masked -> (B, k) reveal, a subset of is_masked with at
 # least one position per row that has any mask. Vectorised over the batch: no per-row Python loop, because
