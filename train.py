@@ -51,7 +51,7 @@ ntp_iters = 1200
 ntp_lr = 2e-3
 # stage 2: SBD fine-tuning
 sbd_iters = 1700
-sbd_lr = 1e-3
+sbd_lr = 2e-3
 k_min = 2  # block size k ~ U{k_min..k_max}, drawn once per step (the paper: 2..16)
 k_max = 16
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it

@@ -20,7 +20,7 @@ ntp_lr = 2e-3
 # stage 2: SBD fine-tuning. The masked-token path needs its own circuit: plan at least as many SBD steps
 # as NTP steps (short fine-tunes learn nothing useful, FINDINGS.md).
 sbd_iters = 1700
-sbd_lr = 1e-3
+sbd_lr = 2e-3  # as high as pretraining: at 1e-3 the k=16 path was still far behind after 1700 steps
 k_min = 2  # block size k ~ U{2..16} per step, as in the paper
 k_max = 16
 loss_on_answer_only = True  # prompts are random operands: predicting them is pure noise
