@@ -80,6 +80,8 @@ class KVCache:
     def extend(self, layer, k_new, v_new, n_commit):
         """Write the first n_commit new keys/values; return keys/values of [cache ; all new tokens]."""
         L, T = self.length, k_new.size(2)  # k_new: (B, n_kv_head, T, head_dim)
+        if not 0 <= n_commit <= T:
+            raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got {n_commit}")
         if L + n_commit > self.max_len:
             raise ValueError(f"KV cache full: {L} cached + {n_commit} new tokens > max_len {self.max_len}")
         k_buf, v_buf = self.k[layer], self.v[layer]
