@@ -263,10 +263,13 @@ def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
     """Fill in the optional forward() arguments shared by GPT and Llama, and check them."""
     B, T = idx.size()
     offset = cache.length if cache is not None else 0
-    if pos is None:
+    if pos is None:  # slot positions: checked with Python ints, no host sync in the decode loop
+        last = offset + T - 1
         pos = torch.arange(offset, offset + T, device=idx.device)  # (T,)
-    if pos.numel() and int(pos.max()) >= max_seq_len:
-        raise ValueError(f"position {int(pos.max())} is past the model's context of {max_seq_len} tokens")
+    else:
+        last = int(pos.max()) if pos.numel() else -1
+    if last >= max_seq_len:
+        raise ValueError(f"position {last} is past the model's context of {max_seq_len} tokens")
     if mask is None:
         mask = default_mask(T, cache, idx.device)
     n_commit = T if n_commit is None else n_commit

@@ -465,7 +465,7 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
     prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut to fit: no slack of k needed
     t0 = time.perf_counter()
     B, T0 = prompt.shape
-    cache, prev, prefill_stats = prefill(model, prompt, T0 + max_new_tokens + k)
+    cache, prev, prefill_stats = prefill(model, prompt, T0 + max_new_tokens)  # the last block is never cached
     sampler = BlockSampler(mask_id, rule, gamma, temperature, top_k, generator)
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
     blocks, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), torch.zeros_like(prompt[:, 0])

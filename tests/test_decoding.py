@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import model as model_lib
+import tiny_models
 import sbd
 from model import dense_mask
 from sbd import hybrid_mask
@@ -28,13 +29,7 @@ GAMMA = {"gpt-tiny": 1.5, "llama-tiny": 2.0}  # moderate for these random models
 
 def random_model(family, seed=0):
     """A tiny random model with weights of std 0.5, whose predictions are peaked enough to vary."""
-    torch.manual_seed(seed)
-    m = model_lib.build_model(family)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.5)
-    return m.double().eval()
+    return tiny_models.random_model(family, seed, std=0.5, dtype=torch.float64)
 
 
 def mask_id_of(m):

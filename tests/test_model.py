@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import model as model_lib
+from tiny_models import random_model
 import sbd
 from model import LlamaConfig, dense_mask
 
@@ -20,14 +21,6 @@ FAMILIES = ["gpt-tiny", "llama-tiny"]
 TOL = 1e-5
 
 
-def random_model(family, seed=0, std=0.1):
-    torch.manual_seed(seed)
-    m = model_lib.build_model(family)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, std)
-    return m.float().eval()
 
 
 def random_tokens(m, B, T, seed=0):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import model as model_lib
+from tiny_models import random_model
 import sbd
 from model import IGNORE_INDEX
 
@@ -144,14 +145,6 @@ def test_loss_is_one_cross_entropy_over_all_labelled_positions():
 # 8: the training forward and the decoding forward agree
 
 
-def random_model(family, seed=0, std=0.1):
-    torch.manual_seed(seed)
-    m = model_lib.build_model(family)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, std)
-    return m.float().eval()
 
 
 def blocks_of(L, k, phase):
