@@ -63,11 +63,13 @@ class KVCache:
 
     Layout: self.k[layer] and self.v[layer] are preallocated (B, n_kv_head, max_len, head_dim) buffers.
     Slots [0, self.length) hold the committed tokens (prompt + committed blocks); they are exactly what
-    plain causal decoding would have cached. Slots from self.length on are unused.
+    plain causal decoding would have cached. Slots from self.length on are scratch space.
 
-    A forward of T new tokens with n_commit <= T writes only the FIRST n_commit of them (those processed
-    causally); the remaining T - n_commit (an SBD block attending bidirectionally) are attended to during
-    that forward and then forgotten, so nothing of a bidirectional forward ever stays here.
+    A forward of T new tokens writes all T of them to slots [length, length + T) and attends over a view of
+    the buffer, but only the FIRST n_commit (those processed causally) are committed: forward() advances
+    self.length by n_commit. The other T - n_commit (an SBD block attending bidirectionally) stay in scratch
+    slots past the length, where the next forward overwrites them: nothing of a bidirectional forward is ever
+    kept, and no forward copies the cache. So the buffer needs room for the block too: max_len >= length + T.
     """
 
     def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, device, dtype):
@@ -78,20 +80,24 @@ class KVCache:
         self.length = 0
 
     def extend(self, layer, k_new, v_new, n_commit):
-        """Write the first n_commit new keys/values; return keys/values of [cache ; all new tokens]."""
+        """Write the T new keys/values after the committed ones; return keys/values of [cache ; new tokens].
+
+        Only the first n_commit of them will count as cached (forward() moves self.length once all layers ran).
+        """
         L, T = self.length, k_new.size(2)  # k_new: (B, n_kv_head, T, head_dim)
         if not 0 <= n_commit <= T:
             raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got {n_commit}")
-        if L + n_commit > self.max_len:
-            raise ValueError(f"KV cache full: {L} cached + {n_commit} new tokens > max_len {self.max_len}")
-        k_buf, v_buf = self.k[layer], self.v[layer]
-        k_buf[:, :, L:L + n_commit] = k_new[:, :, :n_commit]
-        v_buf[:, :, L:L + n_commit] = v_new[:, :, :n_commit]
-        if n_commit == T:  # plain causal step: a view of the buffer, no copy
-            return k_buf[:, :, :L + T], v_buf[:, :, :L + T]  # (B, n_kv_head, L + T, head_dim)
-        k_all = torch.cat([k_buf[:, :, :L + n_commit], k_new[:, :, n_commit:]], dim=2)  # (B, n_kv, L+T, hd)
-        v_all = torch.cat([v_buf[:, :, :L + n_commit], v_new[:, :, n_commit:]], dim=2)
-        return k_all, v_all
+        if L + T > self.max_len:
+            raise ValueError(f"KV cache full: {L} cached + {T} new tokens > max_len {self.max_len}")
+        self.k[layer][:, :, L:L + T] = k_new
+        self.v[layer][:, :, L:L + T] = v_new
+        return self.k[layer][:, :, :L + T], self.v[layer][:, :, :L + T]  # (B, n_kv_head, L + T, head_dim) views
+
+    def truncate(self, length):
+        """Forget every cached token from slot `length` on (exact SBD decoding: a rejected draft was committed)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
+        self.length = length
 
 
 @functools.cache

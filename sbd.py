@@ -278,6 +278,10 @@ class BlockSampler:
         revealed = REVEAL_RULES[self.rule](probs, is_masked, self.gamma)  # (B, k)
         return torch.where(revealed, tokens, block), revealed
 
+    def next_token(self, causal_logits):
+        """(B, V) next-token logits -> (B,) the token NTP decoding would emit there (argmax, or a sample)."""
+        return pick_tokens(suppress_mask(causal_logits, self.mask_id), self.temperature, self.top_k, self.generator)
+
 
 # -----------------------------------------------------------------------------
 # what a decode returns besides the tokens
@@ -289,6 +293,16 @@ class Step:
     block_start: int  # index of the block's first token among the generated tokens
     tokens: torch.Tensor  # (B, kb) the block after this forward, mask_id where still masked
     revealed: torch.Tensor  # (B, kb) bool, the positions this forward revealed
+    check: "Check | None" = None  # verify=True: what this forward's causal logits said of the previous block
+
+
+@dataclass
+class Check:
+    """verify=True: the verdict of one forward's causal logits on the drafts it committed (batch 1)."""
+    start: int  # index of the first checked draft among the generated tokens
+    kept: list  # the drafts that matched greedy NTP
+    rejected: list  # the drafts thrown away: the first wrong one and every one after it
+    correction: int | None  # NTP's token in place of the first wrong draft (None: all drafts were right)
 
 
 @dataclass
@@ -300,6 +314,12 @@ class DecodeStats:
     prefill_time: float  # seconds of the prefill
     wall_time: float  # seconds of the whole decode, prefill included
     steps: list = None  # record_steps: one Step per decode forward
+    # verify=True only (batch 1): drafted tokens that NTP confirmed, that it rejected, forwards whose every
+    # reveal was rejected, and forwards that only checked the last block (no new block to start)
+    accepted: list = None
+    rejected: list = None
+    wasted_forwards: list = None
+    final_checks: list = None
 
     @property
     def tokens_per_forward(self):
@@ -396,12 +416,13 @@ def ntp_generate(model, prompt, max_new_tokens, stop_ids=(), temperature=0.0, to
 
 
 def block_forward(model, cache, prev, block):
-    """One SBD forward -> logits of the block slots (B, kb, V).
+    """One SBD forward -> (causal logits of prev (B, n_prev, V), block logits (B, kb, V)).
 
     Feeds [prev ; block]. prev (B, n_prev) is the pending prompt token or the previous, finished block: it is
-    processed causally and committed to the cache (n_commit = n_prev). The block slots attend to the whole
-    prefix and to each other (hybrid_mask) and are never written to the cache. Position ids are the slot
-    indices, forward's default: block slot i stands for the token at position cache.length + n_prev + i.
+    processed causally and committed to the cache (n_commit = n_prev), so its logits are next-token logits,
+    the very ones NTP decoding computes at those positions. The block slots attend to the whole prefix and to
+    each other (hybrid_mask) and are never committed. Position ids are the slot indices, forward's default:
+    block slot i stands for the token at position cache.length + n_prev + i and predicts the token AT it.
     """
     L, n_prev = cache.length, prev.size(1)
     idx = torch.cat([prev, block], dim=1)  # (B, T), T = n_prev + kb
@@ -409,7 +430,7 @@ def block_forward(model, cache, prev, block):
     mask = dense_mask(lambda q, k: hybrid_mask(q, k, L + n_prev), T, L + T, query_offset=L,
                       device=idx.device)  # (T, L + T)
     logits, _ = model(idx, mask=mask, cache=cache, n_commit=n_prev)  # (B, T, V)
-    return logits[:, n_prev:]  # a block slot predicts the token at its own position
+    return logits[:, :n_prev], logits[:, n_prev:]
 
 
 def stop_reached(block, is_masked, stop):
@@ -422,52 +443,79 @@ def stop_reached(block, is_masked, stop):
     return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
 
 
-def decode_block(model, cache, prev, kb, active, sampler, stop):
+def reveal_first(block, is_masked, causal, sampler):
+    """Slot 0 of a new block gets the token NTP decoding would emit there: the committed prefix's last causal
+    logit predicts exactly that position, and the first forward of a block computes it anyway.
+    It is revealed without spending the reveal rule's budget. -> (block, is_masked, revealed (B, kb))."""
+    revealed = torch.zeros_like(is_masked)
+    revealed[:, 0] = is_masked[:, 0]
+    block[:, 0] = torch.where(revealed[:, 0], sampler.next_token(causal[:, -1]), block[:, 0])
+    return block, is_masked & ~revealed, revealed
+
+
+def decode_block(model, cache, prev, kb, active, sampler, stop, causal_logits=None, logits=None):
     """Algorithm 3: fill a block of kb masks for every active row; the first forward also commits prev.
 
-    The batch runs forwards until every active row's block is full; each row reveals its own positions and
-    a row that reaches its stop token leaves at once. Returns block (B, kb), finished (B,) bool,
-    nfe (B,) = forwards in which each row still had masks, and steps = [(block, revealed)] per forward.
+    Slot 0 comes from the first forward's causal logits (reveal_first); the reveal rule picks among the other
+    masked slots in that forward and in every later one (which feed the block alone). The batch runs forwards
+    until every active row's block is full; a row that reaches its stop token leaves at once.
+    causal_logits, logits: the first forward, when the caller already ran it (exact mode).
+    Returns block (B, kb), finished (B,) bool, nfe (B,) = forwards in which each row still had masks, and
+    steps = [(block, revealed)] per forward.
     """
     B = prev.size(0)
     block = prev.new_full((B, kb), sampler.mask_id)  # (B, kb)
     is_masked = active[:, None].expand(B, kb).clone()  # rows already done take no part
     finished, nfe, steps = torch.zeros_like(active), torch.zeros_like(prev[:, 0]), []
     while is_masked.any():
-        logits = block_forward(model, cache, prev, block)  # (B, kb, V)
-        prev = prev[:, :0]  # committed now: later forwards of this block feed the block alone
+        if logits is None:
+            causal_logits, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, kb, V)
         nfe += is_masked.any(dim=1)
-        block, revealed = sampler.step(logits, block, is_masked)
-        is_masked &= ~revealed
+        revealed = torch.zeros_like(is_masked)
+        if prev.size(1):  # the first forward of the block: its causal logits give slot 0 exactly
+            block, is_masked, revealed = reveal_first(block, is_masked, causal_logits, sampler)
+            prev = prev[:, :0]  # committed now: later forwards of this block feed the block alone
+        block, by_rule = sampler.step(logits, block, is_masked)
+        revealed |= by_rule
+        is_masked &= ~by_rule
         finished |= stop_reached(block, is_masked, stop)
         is_masked &= ~finished[:, None]
         steps.append((block, revealed))
+        logits = None
     return block, finished, nfe, steps
 
 
 @torch.inference_mode()
 def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_tokens=256, stop_ids=(),
-                 temperature=0.0, top_k=None, generator=None, record_steps=False):
+                 temperature=0.0, top_k=None, generator=None, record_steps=False, verify=False):
     """Set Block Decoding through the KV cache (Algorithms 2 and 3 of the paper).
 
     prompt (B, T0), rows of equal length. Blocks of k tokens (the last one shorter if max_new_tokens says so)
     start as k mask tokens (mask_id); each forward predicts every masked position and `rule` (a key of
     REVEAL_RULES, threshold gamma: γ of the EB-Sampler, f of the factor rule) reveals some of them.
     The first forward of a block feeds [previous block ; block] and commits the previous block causally,
-    later ones feed the block alone; nothing of a block's bidirectional forwards is ever cached.
+    later ones feed the block alone; nothing of a block's bidirectional forwards is ever cached. The first
+    forward's causal logits also give the block's first token exactly as NTP would (reveal_first).
     Rows reveal independently: a row's greedy result is the same as decoding it alone (sampling draws from
     one random stream for the whole batch, so sampled rows are not). A row is done as soon
     as it has revealed a stop token and everything before it; it is cut after that stop token.
+    verify=True: exact mode (verified_generate): greedy, batch 1, output == ntp_generate's token for token.
     Returns (tokens, stats): tokens[b] = row b's new ids up to and including its first stop token;
     stats.nfe[b] counts the decode forwards in which row b still had masks (record_steps: stats.steps).
     """
-    check_sbd_args(model, k, gamma, rule, mask_id, stop_ids)
+    check_sbd_args(model, k, gamma, rule, mask_id, stop_ids, temperature, verify)
     prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut to fit: no slack of k needed
     t0 = time.perf_counter()
     B, T0 = prompt.shape
-    cache, prev, prefill_stats = prefill(model, prompt, T0 + max_new_tokens)  # the last block is never cached
+    cache, prev, prefill_stats = prefill(model, prompt, T0 + max_new_tokens)
     sampler = BlockSampler(mask_id, rule, gamma, temperature, top_k, generator)
     stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
+    if verify:
+        if B != 1:
+            raise ValueError(f"verify=True decodes one prompt at a time (got a batch of {B}): rows reject drafts "
+                             "at different places, so their KV caches would need different lengths")
+        return verified_generate(model, cache, prev, k, max_new_tokens, sampler, stop, prefill_stats, t0,
+                                 record_steps)
     blocks, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), torch.zeros_like(prompt[:, 0])
     steps, n_out = [] if record_steps else None, 0
     while n_out < max_new_tokens and not done.all():
@@ -481,7 +529,103 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
     return finish(out, stop, nfe, prefill_stats, t0, steps)
 
 
-def check_sbd_args(model, k, gamma, rule, mask_id, stop_ids):
+# -----------------------------------------------------------------------------
+# exact SBD: every drafted token is checked by the causal logits of the forward that commits it
+
+
+def verified_generate(model, cache, prev, k, max_new_tokens, sampler, stop, prefill_stats, t0, record_steps):
+    """Exact SBD decoding of one row (sbd_generate(verify=True)): the output is greedy NTP's, token for token.
+
+    The forward that commits a block (the first forward of the next block) computes, for every token of it,
+    the causal logits of the position before: exactly what greedy NTP decoding computes there. So it checks
+    the block for free, like speculative decoding with the model's own masked-token head as the draft model:
+      - each draft must equal the argmax of the causal logits before it (the block's first token needs no
+        check: it came from such an argmax already, reveal_first);
+      - at the first wrong draft j: keep the drafts before j, emit NTP's token instead of draft j, forget the
+        cache entries from j on, throw away the new block (its drafts were conditioned on the wrong token) and
+        start the next block after the corrected token;
+      - the block that ends the row (stop token, or max_new_tokens) gets one more forward that only checks.
+    So γ only trades forwards spent on rejected drafts against tokens per forward; it never changes the output.
+    Batch 1 only: rows reject at different places, so their caches would need different lengths.
+    """
+    stop_ids = set(stop.tolist())
+    out, steps = [], [] if record_steps else None  # out: verified tokens; prev[0, 0] is verified, the rest drafts
+    nfe = accepted = rejected = wasted = final_checks = 0
+    last = False  # prev is the row's last block (it holds the stop token or reaches max_new_tokens)
+    revealed_by = []  # for each slot of the block in prev: which of its forwards revealed it (0 = the first)
+    while True:
+        n_drafts = prev.size(1) - 1
+        kb = 0 if last else min(k, max_new_tokens - len(out) - n_drafts)  # 0: a forward that only checks
+        causal, logits = block_forward(model, cache, prev, prev.new_full((1, kb), sampler.mask_id))
+        nfe, final_checks = nfe + 1, final_checks + last
+        ntp = suppress_mask(causal[0], sampler.mask_id).argmax(-1)  # (n_prev,): greedy NTP after each slot
+        n_ok = int((prev[0, 1:] == ntp[:-1]).int().cumprod(0).sum())  # drafts that match, from the left
+        check = Check(len(out), prev[0, 1:1 + n_ok].tolist(), prev[0, n_ok + 1:].tolist(), None)
+        out += prev[0, 1:1 + n_ok].tolist()
+        accepted += n_ok
+        if n_ok < n_drafts:  # draft n_ok + 1 of the block is wrong: NTP's token replaces it
+            cache.truncate(cache.length - (n_drafts - n_ok))  # keep the block up to the last right draft
+            rejected += n_drafts - n_ok
+            wasted += sum(min(slots) > n_ok for slots in slots_per_forward(revealed_by))
+            out.append(int(ntp[n_ok]))
+            check.correction = out[-1]
+            if record_steps:  # the new block is thrown away unseen
+                steps.append(Step(len(out), prev[:, :0].cpu(), prev[:, :0].bool().cpu(), check))
+            if out[-1] in stop_ids or len(out) == max_new_tokens:
+                break
+            prev, last, revealed_by = ntp[n_ok].view(1, 1), False, []  # verified; the next forward commits it
+            continue
+        if kb == 0:  # the last block checked out: done
+            if record_steps:
+                steps.append(Step(len(out), prev[:, :0].cpu(), prev[:, :0].bool().cpu(), check))
+            break
+        active = torch.ones(1, dtype=torch.bool, device=prev.device)
+        block, _, block_nfe, block_steps = decode_block(model, cache, prev, kb, active, sampler, stop, causal, logits)
+        nfe += int(block_nfe) - 1  # its first forward is the one counted above
+        if record_steps:
+            steps += [Step(len(out), tokens.cpu(), revealed.cpu(), check if i == 0 else None)
+                      for i, (tokens, revealed) in enumerate(block_steps)]
+        out.append(int(block[0, 0]))  # reveal_first's token is NTP's: verified already
+        if out[-1] in stop_ids or len(out) == max_new_tokens:
+            break
+        n_keep = first_stop(block, stop_ids) + 1  # the row's last block ends at its stop token
+        prev, revealed_by = block[:, :n_keep], first_reveals(block_steps)
+        last = block[0, n_keep - 1].item() in stop_ids or len(out) + n_keep - 1 == max_new_tokens
+    return verified_finish(out, nfe, accepted, rejected, wasted, final_checks, prefill_stats, t0, steps)
+
+
+def first_reveals(block_steps):
+    """For each slot of a finished block (B=1): the index of the forward that revealed it."""
+    revealed_by = [None] * block_steps[0][1].size(1)
+    for i, (_, revealed) in enumerate(block_steps):
+        for slot in torch.nonzero(revealed[0]).flatten().tolist():
+            revealed_by[slot] = i
+    return revealed_by
+
+
+def slots_per_forward(revealed_by):
+    """[slots revealed by forward 0, by forward 1, ...] from first_reveals' list (slots never revealed skipped)."""
+    forwards = {}
+    for slot, i in enumerate(revealed_by):
+        if i is not None:
+            forwards.setdefault(i, []).append(slot)
+    return [forwards[i] for i in sorted(forwards)]
+
+
+def first_stop(block, stop_ids):
+    """Index of the first stop token in block (1, kb), or kb - 1 if there is none (keep the whole block)."""
+    row = block[0].tolist()
+    return next((i for i, t in enumerate(row) if t in stop_ids), len(row) - 1)
+
+
+def verified_finish(out, nfe, accepted, rejected, wasted, final_checks, prefill_stats, t0, steps):
+    stats = DecodeStats(nfe=[nfe], tokens=[len(out)], wall_time=time.perf_counter() - t0, steps=steps,
+                        accepted=[accepted], rejected=[rejected], wasted_forwards=[wasted],
+                        final_checks=[final_checks], **prefill_stats)
+    return [out], stats
+
+
+def check_sbd_args(model, k, gamma, rule, mask_id, stop_ids, temperature=0.0, verify=False):
     """Clear errors for settings sbd_generate cannot run with."""
     if k < 1:
         raise ValueError(f"block size k must be at least 1, got {k}")
@@ -494,21 +638,27 @@ def check_sbd_args(model, k, gamma, rule, mask_id, stop_ids):
         raise ValueError(f"mask id {mask_id} is outside the model's vocabulary of {vocab_size} tokens")
     if mask_id in stop_ids:
         raise ValueError(f"mask id {mask_id} cannot also be a stop token")
+    if verify and temperature != 0:
+        raise ValueError("verify=True checks drafts against greedy NTP decoding: it needs temperature=0 "
+                         "(sampling would need speculative decoding's acceptance rule)")
 
 
 def format_steps(steps, decode, mask_id, prompt=None, row=0):
     """The paper's Figure 2b in a terminal: one row's block after each of its forwards, as text.
 
     Tokens revealed by that forward are shown [x], still-masked positions _, earlier reveals plainly.
+    verify=True adds what each committing forward's check found: drafts it rejected are shown ~struck~ and
+    NTP's token that replaced the first of them {in braces}.
     steps: stats.steps of sbd_generate(record_steps=True); decode: ids -> text (e.g. tokenizer.decode).
     """
     lines = [f"prompt {prompt!r}"] if prompt is not None else []
-    taken = [s for s in steps if s.revealed[row].any()]  # the forwards this row took part in
+    taken = [s for s in steps if s.revealed[row].any() or s.check is not None]  # the forwards this row took part in
     for i, step in enumerate(taken):
         cells = [format_cell(decode, t, new, mask_id)
                  for t, new in zip(step.tokens[row].tolist(), step.revealed[row].tolist())]
         last = step.block_start + len(cells) - 1
-        lines.append(f"forward {i + 1:3d}  tokens {step.block_start:3d}-{last:<3d}  {''.join(cells)}")
+        text = f"tokens {step.block_start:3d}-{last:<3d}  {''.join(cells)}" if cells else ""
+        lines.append(f"forward {i + 1:3d}  {text}{format_check(step.check, decode)}".rstrip())
     return "\n".join(lines)
 
 
@@ -516,5 +666,21 @@ def format_cell(decode, token, newly_revealed, mask_id):
     """One block position: '_' masked, '[x]' revealed by this forward, 'x' revealed before."""
     if token == mask_id:  # revealed tokens are never the mask token (suppress_mask)
         return "_"
-    text = decode([token]).replace("\n", "\\n")  # keep one line per forward
+    text = printable(decode([token]))
     return f"[{text}]" if newly_revealed else text
+
+
+def format_check(check, decode):
+    """verify=True: what a forward's causal logits said of the drafts it committed ('' for none)."""
+    if check is None or not (check.kept or check.rejected):
+        return ""
+    end = check.start + len(check.kept) + len(check.rejected) - 1
+    where = f"checks tokens {check.start}-{end}: "
+    if check.correction is None:
+        return f"   {where}all {len(check.kept)} drafts right"
+    kept, rejected = printable(decode(check.kept)), printable(decode(check.rejected))
+    return f"   {where}{kept}{{{printable(decode([check.correction]))}}}~{rejected}~"
+
+
+def printable(text):
+    return text.replace("\n", "\\n")  # keep one line per forward

@@ -64,20 +64,31 @@ def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=()):
     while len(out) < max_new_tokens:
         block = [mask_id] * min(k, max_new_tokens - len(out))
         masked = [True] * len(block)
+        first = True
         while any(masked):
             logits = uncached_block_logits(m, seq + out, block)  # (kb, V)
             logits[:, mask_id] = float("-inf")
+            revealed = [False] * len(block)
+            if first:  # the block's first token is NTP's greedy token after the prefix, revealed at once
+                block[0], masked[0], revealed[0], first = next_token(m, seq + out, mask_id), False, True, False
             probs = torch.softmax(logits, dim=-1)[None]  # (1, kb, V)
-            revealed = sbd.REVEAL_RULES[rule](probs, torch.tensor([masked]), gamma)[0].tolist()
-            for i, r in enumerate(revealed):
+            by_rule = sbd.REVEAL_RULES[rule](probs, torch.tensor([masked]), gamma)[0].tolist()
+            for i, r in enumerate(by_rule):
                 if r:
-                    block[i], masked[i] = int(logits[i].argmax()), False
+                    block[i], masked[i], revealed[i] = int(logits[i].argmax()), False, True
             forwards.append((len(out), [i for i, r in enumerate(revealed) if r]))
             stop_at = first_stop_with_prefix_revealed(block, masked, stop_ids)
             if stop_at is not None:
                 return out + block[:stop_at + 1], forwards
         out += block
     return out, forwards
+
+
+def next_token(m, prefix, mask_id):
+    """Greedy NTP's next token after prefix, from one uncached causal forward, never the mask token."""
+    logits, _ = m(torch.tensor([prefix]))
+    logits[0, -1, mask_id] = float("-inf")
+    return int(logits[0, -1].argmax())
 
 
 def uncached_block_logits(m, prefix, block):

@@ -1,0 +1,194 @@
+"""
+Exact SBD decoding (sbd_generate(verify=True)), checked against plain greedy NTP decoding of the same model.
+
+Random tiny models draft badly, so their drafts are rejected all the time: the tests below see hundreds of
+rejections and corrections, and the output must still be NTP's token for token. A scripted model whose drafts
+are right except at one chosen position checks that a wrong draft is caught exactly there. Models are in
+float64 so that no argmax can flip on rounding between the cached NTP path and the exact path.
+"""
+
+import pytest
+import torch
+
+import sbd
+import tiny_models
+
+FAMILIES = ["gpt-tiny", "llama-tiny"]
+
+
+def random_model(family, seed=0):
+    return tiny_models.random_model(family, seed, std=0.5, dtype=torch.float64)
+
+
+def mask_id_of(m):
+    return m.config.vocab_size - 1
+
+
+def prompt_and_stop(m, seed, T0=5):
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, m.config.vocab_size - 1, (1, T0), generator=g)
+    stop = int(torch.randint(0, m.config.vocab_size - 1, (1,), generator=g))
+    return prompt, stop
+
+
+def commit_forwards(stats):
+    """The forwards that committed tokens: each carries the check of what it committed."""
+    return [s for s in stats.steps if s.check is not None]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_exact_equals_greedy_ntp(family, k):
+    total_rejected = 0
+    for seed in range(2):
+        m = random_model(family, seed)
+        for p in range(3):
+            prompt, stop = prompt_and_stop(m, p)
+            for stop_ids in ([], [stop]):
+                ntp, _ = sbd.ntp_generate(m, prompt, 24, stop_ids, mask_id=mask_id_of(m))
+                for gamma in (0.0, 0.1, 1e9):
+                    out, stats = sbd.sbd_generate(m, prompt, k, gamma, mask_id=mask_id_of(m), max_new_tokens=24,
+                                                  stop_ids=stop_ids, verify=True, record_steps=True)
+                    assert out == ntp, f"seed {seed} prompt {p} γ={gamma} stop {stop_ids}"
+                    assert stats.tokens == [len(ntp[0])]
+                    assert stats.nfe == [len(stats.steps)], "one recorded step per forward"
+                    total_rejected += stats.rejected[0]
+    if k > 1:
+        assert total_rejected > 50, "random drafts must really be rejected, or this test checks nothing"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_commit_forward_yields_a_verified_token(family):
+    m = random_model(family)
+    for p in range(3):
+        prompt, stop = prompt_and_stop(m, p)
+        for k, gamma in ((4, 0.0), (16, 0.1), (16, 1e9)):
+            out, stats = sbd.sbd_generate(m, prompt, k, gamma, mask_id=mask_id_of(m), max_new_tokens=30,
+                                          stop_ids=[stop], verify=True, record_steps=True)
+            checks = commit_forwards(stats)
+            for step in checks:  # kept drafts + (the correction, or the next block's first token from NTP)
+                gained = len(step.check.kept) + (step.check.correction is not None or step.tokens.size(1) > 0)
+                assert gained >= 1
+            assert len(checks) <= stats.tokens[0] + stats.final_checks[0]
+            # tokens = drafts NTP confirmed + tokens NTP gave itself (first tokens of blocks, corrections)
+            n_first = sum(1 for s in checks if s.tokens.size(1) > 0)
+            n_corrections = sum(1 for s in checks if s.check.correction is not None)
+            assert stats.tokens[0] == stats.accepted[0] + n_first + n_corrections
+            assert stats.rejected[0] == sum(len(s.check.rejected) for s in checks)
+            if gamma == 1e9:  # one forward per block: no forward can go to waste entirely
+                assert stats.nfe[0] <= stats.tokens[0] + stats.final_checks[0]
+
+
+class ScriptedDrafts(torch.nn.Module):
+    """A model whose causal logits are the real model's, and whose block slots predict, with certainty, the
+    greedy NTP token at their position (`script`, indexed by position) — except at position `wrong_at`, where
+    they predict another token. Decoding it exactly must reject exactly one draft, at wrong_at."""
+
+    def __init__(self, inner, script, wrong_at):
+        super().__init__()
+        self.inner, self.script, self.wrong_at = inner, script, wrong_at
+        self.config, self.max_seq_len = inner.config, inner.max_seq_len
+
+    def new_cache(self, *args, **kwargs):
+        return self.inner.new_cache(*args, **kwargs)
+
+    def forward(self, idx, mask=None, cache=None, n_commit=None):
+        n_commit = idx.size(1) if n_commit is None else n_commit  # the prefill commits everything
+        first_slot = cache.length + n_commit  # the block's first position (positions are slot indices)
+        logits, loss = self.inner(idx, mask=mask, cache=cache, n_commit=n_commit)
+        logits = logits.clone()
+        for i in range(idx.size(1) - n_commit):
+            position = first_slot + i
+            token = self.script[position]
+            if position == self.wrong_at:
+                token = (token + 1) % (self.config.vocab_size - 1)
+            logits[:, n_commit + i] = -1e4
+            logits[:, n_commit + i, token] = 1e4
+        return logits, loss
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("wrong", [1, 5, 17])
+def test_a_wrong_draft_is_caught_and_corrected_where_it_is(family, wrong):
+    m = random_model(family)
+    prompt, _ = prompt_and_stop(m, 0)
+    T0, n = prompt.size(1), 30
+    ntp, _ = sbd.ntp_generate(m, prompt, n, mask_id=mask_id_of(m))
+    script = prompt[0].tolist() + ntp[0] + [0] * 8
+    scripted = ScriptedDrafts(m, script, wrong_at=T0 + wrong)
+    out, stats = sbd.sbd_generate(scripted, prompt, 8, 1e9, mask_id=mask_id_of(m), max_new_tokens=n,
+                                  verify=True, record_steps=True)
+    assert out == ntp
+    rejections = [s.check for s in commit_forwards(stats) if s.check.correction is not None]
+    assert len(rejections) == 1
+    check = rejections[0]
+    assert check.start + len(check.kept) == wrong  # the first rejected draft is the wrong one...
+    assert check.correction == ntp[0][wrong]  # ...and NTP's token takes its place
+    assert check.rejected[0] == (ntp[0][wrong] + 1) % (m.config.vocab_size - 1)
+    assert stats.rejected[0] == len(check.rejected) and stats.wasted_forwards == [0]
+
+
+def test_wasted_forwards_count_forwards_whose_reveals_all_went():
+    """γ = 0 reveals one draft per forward in entropy order; drafts of a random model are rejected early, so
+    the forwards that revealed only rejected slots are wasted, and they are at most the block's forwards."""
+    m = random_model("gpt-tiny")
+    prompt, _ = prompt_and_stop(m, 1)
+    _, stats = sbd.sbd_generate(m, prompt, 8, 0.0, mask_id=mask_id_of(m), max_new_tokens=24, verify=True,
+                                record_steps=True)
+    assert 0 < stats.wasted_forwards[0] < stats.nfe[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_after_exact_decoding_equals_ntp_cache(family, monkeypatch):
+    m = random_model(family)
+    prompt, stop = prompt_and_stop(m, 2)
+    caches = []
+    new_cache = m.new_cache
+
+    def keep(*args, **kwargs):
+        caches.append(new_cache(*args, **kwargs))
+        return caches[-1]
+
+    monkeypatch.setattr(m, "new_cache", keep)
+    ntp, _ = sbd.ntp_generate(m, prompt, 24, mask_id=mask_id_of(m))
+    out, stats = sbd.sbd_generate(m, prompt, 8, 0.5, mask_id=mask_id_of(m), max_new_tokens=24, verify=True)
+    assert out == ntp and stats.rejected[0] > 0  # rejections happened, so the cache was truncated
+    ntp_cache, exact_cache = caches
+    n = min(ntp_cache.length, exact_cache.length)
+    assert n >= prompt.size(1) + 24 - 1  # every emitted token but the last was committed
+    for a, b in zip(ntp_cache.k + ntp_cache.v, exact_cache.k + exact_cache.v):
+        assert torch.allclose(a[:, :, :n], b[:, :, :n], atol=1e-10)
+
+
+def test_max_new_tokens_and_stop_as_plain_mode():
+    m = random_model("llama-tiny")
+    prompt, stop = prompt_and_stop(m, 3)
+    for n in (1, 2, 7, 16, 17):
+        out, stats = sbd.sbd_generate(m, prompt, 16, 1e9, mask_id=mask_id_of(m), max_new_tokens=n, verify=True)
+        assert len(out[0]) == n == stats.tokens[0]
+    ntp, _ = sbd.ntp_generate(m, prompt, 40, [stop], mask_id=mask_id_of(m))
+    out, _ = sbd.sbd_generate(m, prompt, 16, 1e9, mask_id=mask_id_of(m), max_new_tokens=40, stop_ids=[stop],
+                              verify=True)
+    assert out == ntp
+
+
+def test_exact_step_view_marks_rejections():
+    m = random_model("gpt-tiny")
+    prompt, _ = prompt_and_stop(m, 0)
+    _, stats = sbd.sbd_generate(m, prompt, 8, 1e9, mask_id=mask_id_of(m), max_new_tokens=20, verify=True,
+                                record_steps=True)
+    text = sbd.format_steps(stats.steps, lambda ids: "".join(chr(65 + i % 26) for i in ids), mask_id_of(m))
+    assert len(text.splitlines()) == stats.nfe[0]
+    assert "~" in text and "{" in text and "checks tokens" in text
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt=torch.zeros(2, 3, dtype=torch.long)), "one prompt at a time"),
+    (dict(temperature=0.7), "temperature=0"),
+])
+def test_exact_errors(kwargs, message):
+    m = random_model("gpt-tiny")
+    args = dict(model=m, prompt=torch.zeros(1, 3, dtype=torch.long), k=4, gamma=0.1, mask_id=mask_id_of(m),
+                max_new_tokens=8, verify=True)
+    with pytest.raises(ValueError, match=message):
+        sbd.sbd_generate(**{**args, **kwargs})
