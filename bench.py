@@ -3,6 +3,7 @@ Decoding benchmarks, measured side by side in one run (timings to read, not a pa
 
     python bench.py --what=kvcache   # NTP with the KV cache vs recomputing the whole context every step
     python bench.py --what=sbd       # SBD vs NTP decoding: measured, and as Eq. 16 predicts from forward times
+    python bench.py --what=roofline  # a k-token forward on a KV cache, measured next to roofline.py's prediction
 
 kvcache: a 6-layer, 384-wide GPT decodes new_tokens tokens greedily twice: through the KV cache
 (sbd.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole context per token.
@@ -11,6 +12,11 @@ out_dir/ckpt_sbd.pt if it exists (prompts from its task's test split), else a ra
 measured speed-ups it times a 1-, k- and 2k-token forward on top of a cache and predicts SBD's wall clock
 from the forward counts (Eq. 16 of the paper, generalised to the measured counts): measured / predicted
 near 1 means the sampler's own work per forward is small next to the model's.
+roofline: the time of a k-token forward on a KV cache (k = 1, 2, ..., 32, batch 1) for two random GPTs, the
+demo's shape and the 11M model above, next to roofline.py's max(flops/peak, bytes/bandwidth) for this CPU
+(peak and bandwidth measured here, or given) and two fits of t(k) = overhead + roofline(k): least squares over
+k, and exact at k=1. On a CPU these tiny models are bound by per-call overhead, not by flops or bytes: the
+fitted overhead says by how much, and the cost of one more token says how far the roofline's price is off.
 """
 
 import os
@@ -20,12 +26,13 @@ import time
 
 import torch
 
+import roofline
 import sbd
 from configurator import configure
-from model import build_model, load_checkpoint
+from model import build_model, dense_mask, load_checkpoint
 
 # -----------------------------------------------------------------------------
-what = "sbd"  # 'kvcache' or 'sbd'
+what = "sbd"  # 'kvcache', 'sbd' or 'roofline'
 device = "cpu"  # this is a CPU benchmark; timings on an accelerator would need more care
 seed = 1337
 threads = 0  # torch threads; 0 = torch's default. Never time while another torch job runs (FINDINGS.md)
@@ -47,6 +54,13 @@ rule = "entropy"
 num_prompts = 4  # decoded one at a time (batch 1, the setting of Eq. 16)
 max_new_tokens = 256
 timing_repeats = 30  # forwards per timing of a 1-, k- and 2k-token forward
+# roofline (the demo's shape and the random model above)
+roofline_ks = (1, 2, 4, 8, 16, 32)  # tokens per forward
+roofline_kv = 40  # tokens in the KV cache: mid-answer in the demo (13-token prompt, answers of ~59 tokens)
+roofline_rounds = 7  # rounds over every k, interleaved: the fastest round is reported (the others were disturbed)
+roofline_reps = 10  # timed forwards per k and round (their median is the round's time)
+peak_gflops = 0.0  # this CPU's peak flop rate in GFLOP/s; 0 = measure it (best of 20 fp32 512x512 matmuls)
+bandwidth_gbs = 0.0  # its memory bandwidth in GB/s; 0 = measure it per model (a copy the size of its weights)
 configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
@@ -170,9 +184,126 @@ def bench_sbd():
           f"{1000 * overhead:.2f} ms per forward")
 
 
+def best_time(fn, n):
+    """The fastest of n calls of fn() after one warm-up: a ceiling is what the machine can do undisturbed."""
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def measure_peak():
+    """This CPU's peak flop/s at torch's thread count: the best of 20 fp32 512x512 matmuls (2·512³ flops)."""
+    a = torch.randn(512, 512)
+    return 2 * 512 ** 3 / best_time(lambda: a @ a, 20)
+
+
+def measure_bandwidth(nbytes):
+    """Bytes/s of copying a buffer of nbytes (bytes read + bytes written, as STREAM's copy), best of 20. Sized
+    like a model's weights, it measures the memory level that holds them: the last-level cache for the demo's
+    3 MB (weights stay there between forwards), DRAM for the 11M model's 45 MB."""
+    x = torch.randn(nbytes // 4)
+    y = torch.empty_like(x)
+    return 2 * x.nbytes / best_time(lambda: y.copy_(x), 20)
+
+
+@torch.inference_mode()
+def block_forward_times(model, kv):
+    """{k: seconds of one k-token forward on a KV cache of kv tokens}, batch 1, k in roofline_ks: the fastest
+    round's median (another job on the core only ever slows a round down).
+
+    k = 1 is an NTP step (no mask, as sbd.ntp_generate); k > 1 is an SBD block that attends to the cache and
+    to itself (sbd.hybrid_mask), its keys written into the cache's spare slots (a view, no copy) and dropped
+    after (cache.length reset).
+    """
+    cache = model.new_cache(1, kv + max(roofline_ks), device)
+    vocab = model.lm_head.weight.size(0)
+    model(torch.randint(0, vocab, (1, kv), device=device), cache=cache)  # the prefix
+    tokens = torch.randint(0, vocab, (1, max(roofline_ks)), device=device)
+    masks = {k: None if k == 1 else dense_mask(lambda q, key: sbd.hybrid_mask(q, key, kv), k, kv + k,
+                                               query_offset=kv, device=device) for k in roofline_ks}
+    rounds = {k: [] for k in roofline_ks}
+    for _ in range(roofline_rounds):
+        for k in roofline_ks:
+            times = []
+            for _ in range(roofline_reps + 2):  # + 2 warm-up
+                t0 = time.perf_counter()
+                model(tokens[:, :k], mask=masks[k], cache=cache)
+                times.append(time.perf_counter() - t0)
+                cache.length = kv
+            rounds[k].append(statistics.median(times[2:]))
+    return {k: min(v) for k, v in rounds.items()}
+
+
+def cpu_name():
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def roofline_vs_measured(name, shape, peak):
+    """One random GPT: measured t(k) next to the roofline and to the fit overhead + roofline(k)."""
+    torch.manual_seed(seed)
+    model = build_model("gpt", **shape).to(device).eval()
+    weight_bytes = 4 * sum(p.numel() for p in model.parameters())
+    bandwidth = bandwidth_gbs * 1e9 or measure_bandwidth(weight_bytes)
+    hw = dict(peak=peak, attention=peak, bandwidth=bandwidth, weight_bytes=4, kv_bytes=4)  # fp32 throughout
+    arch = roofline.gpt_shape(shape["n_layer"], shape["n_head"], shape["n_embd"], shape["vocab_size"])
+    measured = block_forward_times(model, roofline_kv)
+    predicted = {k: roofline.model_time(k, roofline_kv, 1, hw, arch) for k in roofline_ks}
+    lsq = roofline.fit_overhead([measured[k] for k in roofline_ks], [predicted[k] for k in roofline_ks])
+    at_1 = measured[1] - predicted[1]  # the simpler fit: t(1) = overhead + roofline(1) exactly
+    fits = {"least squares": {k: lsq + predicted[k] for k in roofline_ks},
+            "fit at k=1": {k: at_1 + predicted[k] for k in roofline_ks}}
+    print(f"\n{name}: {weight_bytes / 1e6:.1f} MB of weights, bandwidth {bandwidth / 1e9:.0f} GB/s "
+          f"({'given' if bandwidth_gbs else 'measured: best copy of a buffer that size'})")
+    print(f"{'':>33}roofline     overhead + roofline(k), t(k)/t(1) and its error")
+    print(f"{'k':>4} {'measured ms':>12} {'t(k)/t(1)':>10} | {'ms':>7} {'ratio':>6} | "
+          + " | ".join(f"{fit:>20}" for fit in fits))
+    for k in roofline_ks:
+        ratio = measured[k] / measured[1]
+        print(f"{k:4d} {1000 * measured[k]:12.3f} {ratio:10.2f} | {1000 * predicted[k]:7.3f} "
+              f"{predicted[k] / predicted[1]:6.2f} | "
+              + " | ".join(f"{t[k] / t[1]:12.2f} {t[k] / t[1] / ratio - 1:+7.0%}" for t in fits.values()))
+    k = 16 if 16 in roofline_ks else max(roofline_ks)
+    print(f"fitted overhead: {1000 * lsq:.3f} ms (least squares over k: the mean of t(k) - roofline(k)), "
+          f"{1000 * at_1:.3f} ms (at k=1); the roofline alone is {predicted[1] / measured[1]:.0%} of t(1)")
+    print(f"t({k})/t(1): measured {measured[k] / measured[1]:.2f}, roofline alone {predicted[k] / predicted[1]:.2f}, "
+          + ", ".join(f"{fit} {t[k] / t[1]:.2f} ({t[k] / t[1] / (measured[k] / measured[1]) - 1:+.0%})"
+                      for fit, t in fits.items()) + "; goal: within 25%")
+    k0, k1 = sorted(roofline_ks)[-2:]  # what one more token costs, measured between the two largest k
+    per_token = (measured[k1] - measured[k0]) / (k1 - k0)
+    flops = roofline.model_flops(k1, roofline_kv, 1, arch) - roofline.model_flops(k0, roofline_kv, 1, arch)
+    flops /= k1 - k0
+    print(f"one more token (k={k0}..{k1}): {1e6 * per_token:.1f} us for {flops / 1e6:.2f} MFLOP = "
+          f"{flops / per_token / 1e9:.0f} GFLOP/s, {flops / per_token / peak:.0%} of the matmul peak "
+          "(the roofline prices it at 100%)")
+
+
+def bench_roofline():
+    peak = peak_gflops * 1e9 or measure_peak()
+    print(f"{cpu_name()}, {torch.get_num_threads()} threads, fp32: peak {peak / 1e9:.0f} GFLOP/s "
+          f"({'given' if peak_gflops else 'measured: best 512x512 matmul'}); batch 1, KV cache of {roofline_kv} "
+          f"tokens; each time is the fastest of {roofline_rounds} rounds' medians of {roofline_reps} forwards")
+    models = [("demo GPT 4L/4h/128d, vocab 32 (config/sbd_small.py)",
+               dict(n_layer=4, n_head=4, n_embd=128, vocab_size=32, block_size=73)),
+              (f"GPT {n_layer}L/{n_head}h/{n_embd}d, vocab {vocab_size}",
+               dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size))]
+    for name, shape in models:
+        if roofline_kv + max(roofline_ks) > shape["block_size"]:
+            raise SystemExit(f"{name}: KV {roofline_kv} + {max(roofline_ks)} tokens is past its context of "
+                             f"{shape['block_size']}: lower --roofline_kv or --roofline_ks")
+        roofline_vs_measured(name, shape, peak)
+
+
 if __name__ == "__main__":
     if threads:
         torch.set_num_threads(threads)
-    if what not in ("kvcache", "sbd"):
-        raise SystemExit(f"what must be 'kvcache' or 'sbd', got {what!r}")
-    bench_kvcache() if what == "kvcache" else bench_sbd()
+    benches = {"kvcache": bench_kvcache, "sbd": bench_sbd, "roofline": bench_roofline}
+    if what not in benches:
+        raise SystemExit(f"what must be one of {', '.join(benches)}, got {what!r}")
+    benches[what]()

@@ -19,6 +19,9 @@ Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of th
    GPU may be left with MATH).
 3. Eq. 16 with the measured times: the wall-clock speed-up of a block of k=16 tokens decoded in l=4 forwards
    (an NFE speed-up of 4): 16 t(1) / (t(32) + 3 t(16)). The paper's roofline says 3.98.
+Next to each measured ratio and speed-up: roofline.py's `llama31_8b` prediction for this model's shapes on this
+GPU's preset (H200/H100/A100 bf16, the data sheets' dense peaks; the bandwidth below when it is known), i.e.
+max(flops/peak, bytes/bandwidth) summed over every matmul and the attention of the forward.
 
 Weights are random (built on the meta device, then allocated on the GPU and initialised there: no 16 GB copy
 on the CPU); decoding speed does not depend on their values. Timing: CUDA-synchronised wall clock around
@@ -27,6 +30,7 @@ each forward, warmup forwards first, median of reps. Eager mode: at batch 1 the 
 closer to 1 than a CUDA-graph build (gpt-fast) would give; read the achieved-bandwidth figure with that in mind.
 """
 
+import functools
 import statistics
 import sys
 import time
@@ -36,6 +40,7 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import roofline
 import sbd
 from configurator import configure
 from model import LLAMA_PRESETS, Llama, LlamaConfig, autodetect_device, dense_mask
@@ -50,10 +55,12 @@ ks = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward
 warmup = 5  # untimed forwards before each measurement
 reps = 20  # timed forwards; the median is reported
 seed = 1337
+roofline_hardware = ""  # a key of roofline.HARDWARE for the prediction; '' = from the GPU's name (bf16 presets)
 configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 BANDWIDTH = [("H200", 4800), ("H100 PCIe", 2000), ("H100 NVL", 3900), ("H100", 3350), ("A100-SXM4-80GB", 2039),
              ("A100 80GB PCIe", 1935), ("A100", 1555)]  # GB/s, NVIDIA's data sheets; first matching name wins
+ROOFLINE_PRESET = [("H200", "h200_bf16"), ("H100", "h100_bf16"), ("A100", "a100_bf16")]  # peaks of the SXM parts
 
 
 def synchronize():
@@ -94,6 +101,20 @@ def sdpa_kernels(n_queries, mask):
     return ", ".join(accepted)
 
 
+def roofline_setup():
+    """-> (time function (block, kv, bs, hw) of this model's shapes, hardware dict), or (None, None) off a known GPU.
+    The preset's bytes per weight/KV follow --dtype, and its bandwidth is replaced by --bandwidth when known."""
+    name = roofline_hardware or next((preset for key, preset in ROOFLINE_PRESET if key in gpu), "")
+    if not name:
+        return None, None
+    hw = roofline.resolve_hardware(name, bandwidth_gbs=bandwidth, weight_bytes=elem, kv_bytes=elem)
+    shape = dict(dim=config.dim, n_layers=config.n_layers, n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
+                 head_dim=config.head_dim, ffn=config.ffn_hidden, ffn_matrices=3, vocab=config.vocab_size)
+    print(f"roofline ({name}): {hw['peak'] / 1e12:g} TFLOP/s, {hw['bandwidth'] / 1e9:g} GB/s, {elem} B per weight "
+          "and KV element; the `llama31_8b` formulas of roofline.py on this model's shapes")
+    return functools.partial(roofline.model_time, shape=shape), hw
+
+
 def build_model(config, device, dtype):
     """Random weights straight on `device`: the meta device knows the shapes, to_empty allocates, init fills."""
     with torch.device("meta"):
@@ -129,6 +150,10 @@ kv_bytes_per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim *
 print(f"{preset}: {n_params:,} parameters in {dtype} on {gpu} (torch {torch.__version__}); a decode step reads "
       f"{weight_bytes / 1e9:.3g} GB of weights + {kv_bytes_per_token / 1024:.3g} KiB per cached token; "
       + (f"peak bandwidth {bandwidth:g} GB/s" if bandwidth else "peak bandwidth unknown: pass --bandwidth=<GB/s>"))
+model_time, hw = roofline_setup()  # the roofline's prediction, when this GPU has a preset
+if model_time is None:
+    print("roofline: no preset for this device (pass --roofline_hardware=h100_bf16 or another key of "
+          "roofline.HARDWARE to print one anyway)")
 
 with torch.inference_mode():
     for L0 in kv_lengths:
@@ -147,6 +172,9 @@ with torch.inference_mode():
                   f"{bandwidth * 1e9 / step_bytes:.1f} tokens/s" if bandwidth else ""
         print(f"\nKV {L0}: NTP decode {t1:.2f} ms/token = {1000 / t1:.1f} tokens/s; {step_bytes / 1e9:.3g} GB read "
               f"per token -> {step_bytes / (t1 / 1000) / 1e9:.3g} GB/s achieved{ceiling}")
+        if model_time:
+            print(f"KV {L0}: the roofline's 1-token forward {1000 * model_time(1, L0, 1, hw):.3g} ms "
+                  f"(measured {t1:.2f} ms)")
 
         # 2. k tokens in one forward over the same cache, as a block attending to the prefix and to itself
         def block_mask(k):
@@ -155,18 +183,22 @@ with torch.inference_mode():
         print(f"KV {L0}: SDPA kernels that take a masked grouped-query block of {max(ks)}: "
               f"{sdpa_kernels(max(ks), block_mask(max(ks)))}")
         print(f"KV {L0}: k-token forward / 1-token forward, median of {reps}")
-        print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'sbd.block_forward ms':>21} {'ratio':>7}")
+        print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'sbd.block_forward ms':>21} {'ratio':>7} {'roofline':>9}")
         times, sbd_times = {}, {}
         for k in ks:
             mask = block_mask(k)
             times[k] = median_ms(lambda: model(tokens[:, :k], mask=mask, cache=cache, n_commit=k), reset)
             sbd_times[k] = median_ms(lambda: sbd.block_forward(model, cache, tokens[:, :0], tokens[:, :k]), reset)
-            print(f"{k:4d} {times[k]:11.2f} {times[k] / t1:7.3f} {sbd_times[k]:21.2f} {sbd_times[k] / t1:7.3f}")
+            predicted = f"{roofline.slowdown(model_time, k, L0, 1, hw):9.3f}" if model_time else f"{'-':>9}"
+            print(f"{k:4d} {times[k]:11.2f} {times[k] / t1:7.3f} {sbd_times[k]:21.2f} {sbd_times[k] / t1:7.3f} "
+                  f"{predicted}")
 
         # 3. Eq. 16: a block of 16 in 4 forwards; the first one also commits the previous block (2k tokens in)
         if 16 in ks and 32 in ks:
             first = median_ms(lambda: sbd.block_forward(model, cache, tokens[:, :16], tokens[:, 16:32]), reset)
+            predicted = f", this roofline {roofline.eq16(model_time, 16, 4, L0, 1, hw):.2f}x" if model_time else ""
             print(f"KV {L0}: Eq. 16, k=16 in l=4 forwards: wall-clock speed-up "
                   f"{16 * t1 / (times[32] + 3 * times[16]):.2f}x (forward column), "
-                  f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (sbd.block_forward); the paper's roofline 3.98x")
+                  f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (sbd.block_forward); the paper's roofline 3.98x"
+                  f"{predicted}")
         del cache
