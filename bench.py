@@ -47,8 +47,8 @@ new_tokens = 1000
 prompt_len = 16
 # sbd
 out_dir = "out-sbd-small"  # uses out_dir/ckpt_sbd.pt when it exists
-k = 16
-gamma = None  # None = the checkpoint's gamma_low, or random_gamma for a random model
+k = 0  # 0 = the checkpoint's operating point (16 for a random model)
+gamma = None  # None = what evaluate.py calibrated for that k (γ_low, and the exact mode's), or random_gamma
 random_gamma = 16.0  # a random model predicts near-uniformly (H ~ log 256 = 5.5): γ = 16 reveals ~3 per forward
 rule = "entropy"
 num_prompts = 4  # decoded one at a time (batch 1, the setting of Eq. 16)
@@ -95,21 +95,35 @@ def bench_kvcache():
 
 
 def sbd_setup():
-    """-> (model, prompts [(1, T0) tensors], mask_id, stop_ids, gamma, max_new, description)."""
+    """-> (model, prompts [(1, T0) tensors], mask_id, stop_ids, k, γ, exact γ, max_new, description).
+
+    With a trained checkpoint, k and both γ come from what evaluate.py calibrated for that k, unless given:
+    a γ only means something for the block size it was calibrated with."""
     path = os.path.join(out_dir, "ckpt_sbd.pt")
-    if os.path.exists(path):
-        from task import CharTask  # only a trained model comes with a task
-        model, checkpoint = load_checkpoint(path, device)
-        info, task = checkpoint["sbd"], CharTask(checkpoint["dataset"])
-        prompts = [torch.tensor([task.encode(p)], device=device) for p, _ in task.splits["test"][:num_prompts]]
-        g = gamma if gamma is not None else (info.get("gamma_low") or 0.01)
-        return model, prompts, info["mask_id"], info["stop_ids"], g, task.seq_len - task.prompt_len, path
-    torch.manual_seed(seed)
-    model = build_model("gpt", n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                        vocab_size=vocab_size).to(device).eval()
-    prompts = [torch.randint(0, vocab_size - 1, (1, prompt_len), device=device) for _ in range(num_prompts)]
-    g = gamma if gamma is not None else random_gamma
-    return model, prompts, vocab_size - 1, [], g, max_new_tokens, f"random GPT {n_layer}L/{n_embd}d"
+    if not os.path.exists(path):
+        torch.manual_seed(seed)
+        model = build_model("gpt", n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+                            vocab_size=vocab_size).to(device).eval()
+        prompts = [torch.randint(0, vocab_size - 1, (1, prompt_len), device=device) for _ in range(num_prompts)]
+        g = gamma if gamma is not None else random_gamma
+        print(f"no {path}: a random GPT {n_layer}L/{n_embd}d, k={k or 16}, γ={g:g} (random_gamma unless given)")
+        return model, prompts, vocab_size - 1, [], k or 16, g, g, max_new_tokens, f"random GPT {n_layer}L/{n_embd}d"
+    from task import CharTask  # only a trained model comes with a task
+    model, checkpoint = load_checkpoint(path, device)
+    info, task = checkpoint["sbd"], CharTask(checkpoint["dataset"])
+    prompts = [torch.tensor([task.encode(p)], device=device) for p, _ in task.splits["test"][:num_prompts]]
+    kk = k or info.get("k") or 16
+    low = info.get("gammas", {}).get(str(kk), [info.get("gamma_low")])[0]
+    exact = info.get("gamma_exact", {}).get(str(kk))
+    g = gamma if gamma is not None else low
+    g_exact = gamma if gamma is not None else exact
+    if g is None or g_exact is None:
+        raise SystemExit(f"{path} has no calibrated γ for k={kk} (γ_low {low}, exact {exact}): run evaluate.py, "
+                         f"or give --gamma")
+    where = "given" if gamma is not None else f"calibrated for k={kk} by evaluate.py"
+    print(f"{path}: k={kk} ({'given' if k else 'the checkpoint operating point'}), γ_low={g:g} and exact γ="
+          f"{g_exact:g} ({where})")
+    return model, prompts, info["mask_id"], info["stop_ids"], kk, g, g_exact, task.max_new_tokens, path
 
 
 @torch.inference_mode()
@@ -132,56 +146,74 @@ def forward_time(model, cache, n_prev, kb):
     return statistics.median(times[3:])  # the first few are warm-up
 
 
-def count_forwards(stats):
-    """SBD forwards of batch-1 decodes by their width: (first forward of the first block, first forwards of
-    later blocks (2k tokens in), later forwards (k tokens in))."""
-    first_of_block = len({s.block_start for s in stats.steps})
-    return 1, first_of_block - 1, len(stats.steps) - first_of_block
+def forward_widths(stats):
+    """[forwards that fed about k tokens, forwards that fed about 2k] of one batch-1 SBD decode. A forward that
+    commits the previous block feeds it too (2k); the others feed the block alone (k). Counted as k: the first
+    forward of a decode (1 + k tokens), the exact mode's commits of a lone corrected token (1 + k) and its final
+    check that passes (the last block alone); a check that rejects counts as 2k (it ran a block, unless final)."""
+    wide = 0
+    for i, step in enumerate(stats.steps):
+        if stats.accepted is None:  # plain SBD: a block's first forward commits the block before it
+            wide += i > 0 and step.block_start != stats.steps[i - 1].block_start
+        else:  # exact SBD: every forward that checks drafts commits them
+            drafts = step.check is not None and (step.check.kept or step.check.rejected)
+            wide += bool(drafts) and (step.tokens.size(1) > 0 or step.check.correction is not None)
+    return [len(stats.steps) - wide, wide]
+
+
+def n_blocks(stats):
+    """Blocks a batch-1 SBD decode started (exact mode: not counting blocks thrown away unseen)."""
+    if stats.accepted is None:
+        return len({step.block_start for step in stats.steps})
+    return sum(step.check is not None and step.tokens.size(1) > 0 for step in stats.steps)
 
 
 def bench_sbd():
-    model, prompts, mask_id, stop_ids, g, max_new, description = sbd_setup()
-    ntp_stats, sbd_stats = [], []
-    sbd.sbd_generate(model, prompts[0], k, g, rule, mask_id, 4)  # warm-up
-    for prompt in prompts:  # alternate the two, so that a slow moment of the machine hits both alike
-        ntp_stats.append(sbd.ntp_generate(model, prompt, max_new, stop_ids, mask_id=mask_id)[1])
-        sbd_stats.append(sbd.sbd_generate(model, prompt, k, g, rule, mask_id, max_new, stop_ids,
-                                          record_steps=True)[1])
-    decode_time = lambda stats: sum(s.wall_time - s.prefill_time for s in stats)
-    n_tokens = lambda stats: sum(s.tokens[0] for s in stats)
-    ntp_nfe, sbd_nfe = sum(s.nfe[0] for s in ntp_stats), sum(s.nfe[0] for s in sbd_stats)
-    ntp_per_token = decode_time(ntp_stats) / n_tokens(ntp_stats)
-    sbd_per_token = decode_time(sbd_stats) / n_tokens(sbd_stats)
+    model, prompts, mask_id, stop_ids, kk, g, g_exact, max_new, description = sbd_setup()
+    stats = {"ntp": [], "sbd": [], "exact": []}
+    sbd.sbd_generate(model, prompts[0], kk, g, rule, mask_id, 4)  # warm-up
+    for prompt in prompts:  # interleave the three, so that a slow moment of the machine hits them alike
+        stats["ntp"].append(sbd.ntp_generate(model, prompt, max_new, stop_ids, mask_id=mask_id)[1])
+        stats["sbd"].append(sbd.sbd_generate(model, prompt, kk, g, rule, mask_id, max_new, stop_ids,
+                                             record_steps=True)[1])
+        stats["exact"].append(sbd.sbd_generate(model, prompt, kk, g_exact, rule, mask_id, max_new, stop_ids,
+                                               record_steps=True, verify=True)[1])
+    decode_time = {mode: sum(s.wall_time - s.prefill_time for s in st) for mode, st in stats.items()}
+    n_tokens = {mode: sum(s.tokens[0] for s in st) for mode, st in stats.items()}
+    nfe = {mode: sum(s.nfe[0] for s in st) for mode, st in stats.items()}
 
     # forward times on a cache as long as the average decoding context
     T0 = prompts[0].size(1)
-    cache = model.new_cache(1, T0 + max_new + 2 * k, device)
-    context = min(T0 + n_tokens(sbd_stats) // (2 * len(prompts)), model.max_seq_len - 2 * k)
+    cache = model.new_cache(1, T0 + max_new + 2 * kk, device)
+    context = min(T0 + n_tokens["sbd"] // (2 * len(prompts)), model.max_seq_len - 2 * kk)
     model(torch.zeros(1, context, dtype=torch.long, device=device), cache=cache)
-    t1, tk, t2k = forward_time(model, cache, 1, 0), forward_time(model, cache, 0, k), forward_time(model, cache, k, k)
-    widths = [sum(c) for c in zip(*(count_forwards(s) for s in sbd_stats))]  # (1+k)-, 2k-, k-token forwards
-    # the (1+k)-token first forward of a decode is timed as a k-token one
-    predicted_ntp = ntp_nfe * t1 / n_tokens(ntp_stats)
-    predicted_sbd = (widths[0] * tk + widths[1] * t2k + widths[2] * tk) / n_tokens(sbd_stats)
-    blocks = widths[0] + widths[1]
-    l = sbd_nfe / blocks  # forwards per block
-    eq16 = k * t1 / (t2k + (l - 1) * tk)
-
+    t = {"1": forward_time(model, cache, 1, 0), "k": forward_time(model, cache, 0, kk),
+         "2k": forward_time(model, cache, kk, kk)}
     print(f"{description}, {len(prompts)} prompts decoded one at a time, greedy, {torch.get_num_threads()} threads")
-    print(f"NTP: {n_tokens(ntp_stats)} tokens in {ntp_nfe} forwards, decode {decode_time(ntp_stats):.2f} s "
-          f"({1000 * ntp_per_token:.2f} ms/token)")
-    print(f"SBD k={k} γ={g:g} {rule}: {n_tokens(sbd_stats)} tokens in {sbd_nfe} forwards "
-          f"({n_tokens(sbd_stats) / sbd_nfe:.2f} tok/fwd, l = {l:.2f} forwards per block), "
-          f"decode {decode_time(sbd_stats):.2f} s ({1000 * sbd_per_token:.2f} ms/token)")
-    print(f"forward times on a cache of {context}: t(1) = {1000 * t1:.2f} ms, t({k}) = {1000 * tk:.2f} ms, "
-          f"t({2 * k}) = {1000 * t2k:.2f} ms; t({k})/t(1) = {tk / t1:.2f}")
-    nfe_speedup = (ntp_nfe / n_tokens(ntp_stats)) / (sbd_nfe / n_tokens(sbd_stats))
-    measured, predicted = ntp_per_token / sbd_per_token, predicted_ntp / predicted_sbd
-    print(f"NFE speed-up {nfe_speedup:.2f}x; wall-clock speed-up measured {measured:.2f}x, predicted from the "
-          f"forward times {predicted:.2f}x (Eq. 16 with l = {l:.2f}: {eq16:.2f}x)")
-    overhead = (decode_time(sbd_stats) - predicted_sbd * n_tokens(sbd_stats)) / sbd_nfe
-    print(f"measured / predicted = {measured / predicted:.2f} (goal >= 0.8); SBD time beyond its forwards: "
-          f"{1000 * overhead:.2f} ms per forward")
+    print(f"forward times on a cache of {context}: t(1) = {1000 * t['1']:.2f} ms, t({kk}) = {1000 * t['k']:.2f} ms,"
+          f" t({2 * kk}) = {1000 * t['2k']:.2f} ms; t({kk})/t(1) = {t['k'] / t['1']:.2f}")
+    print(f"NTP: {n_tokens['ntp']} tokens in {nfe['ntp']} forwards, decode {decode_time['ntp']:.2f} s "
+          f"({1000 * decode_time['ntp'] / n_tokens['ntp']:.2f} ms/token)")
+    ntp_per_token = decode_time["ntp"] / n_tokens["ntp"]
+    for mode, name in (("sbd", f"SBD k={kk} γ={g:g}"), ("exact", f"exact SBD k={kk} γ={g_exact:g}")):
+        widths = [sum(c) for c in zip(*(forward_widths(s) for s in stats[mode]))]
+        predicted = (widths[0] * t["k"] + widths[1] * t["2k"]) / n_tokens[mode]  # seconds per token
+        measured = decode_time[mode] / n_tokens[mode]
+        l = nfe[mode] / sum(n_blocks(s) for s in stats[mode])  # forwards per block
+        checked = (f", {sum(s.accepted[0] for s in stats[mode])} drafts kept, "
+                   f"{sum(s.rejected[0] for s in stats[mode])} rejected, "
+                   f"{sum(s.final_checks[0] for s in stats[mode])} final checks") if mode == "exact" else ""
+        print(f"{name}: {n_tokens[mode]} tokens in {nfe[mode]} forwards ({n_tokens[mode] / nfe[mode]:.2f} tok/fwd, "
+              f"l = {l:.2f} forwards per block{checked}), decode {decode_time[mode]:.2f} s "
+              f"({1000 * measured:.2f} ms/token)")
+        eq16 = kk * t["1"] / (t["2k"] + (l - 1) * t["k"])
+        print(f"    NFE speed-up {(nfe['ntp'] / n_tokens['ntp']) / (nfe[mode] / n_tokens[mode]):.2f}x; wall clock vs "
+              f"NTP: measured {ntp_per_token / measured:.2f}x, predicted from the forward times "
+              f"{t['1'] / predicted:.2f}x (Eq. 16 with l = {l:.2f}: {eq16:.2f}x); measured / predicted = "
+              f"{(ntp_per_token / measured) / (t['1'] / predicted):.2f} (goal >= 0.8); time beyond the forwards: "
+              f"{1000 * (decode_time[mode] - predicted * n_tokens[mode]) / nfe[mode]:.2f} ms per forward")
+    same = all(a.tokens == b.tokens for a, b in zip(stats["ntp"], stats["exact"]))
+    print(f"exact SBD output == NTP output on every prompt: {same}")
 
 
 def best_time(fn, n):

@@ -3,10 +3,13 @@ Sample from a trained model with next-token decoding (NTP), Set Block Decoding (
 
     python sample.py --out_dir=out-sbd-small --start=" Q:52+228=?A:"            # SBD and NTP, compared
     python sample.py --out_dir=out-sbd-small --show_steps=True --num_samples=1  # the paper's Figure 2b
+    python sample.py --out_dir=out-sbd-small --verify=True --show_steps=True    # exact SBD: drafts checked by NTP
     python sample.py --out_dir=out-sbd-llama8b --start="Write a haiku."          # an SBD-tuned Llama (chat format)
     python sample.py --init_from=Meta-Llama-3.1-8B-Instruct --mode=ntp --start="Hi"  # a Llama as downloaded
 
-Loads out_dir/ckpt_sbd.pt (or ckpt_ntp.pt with --ckpt=ntp), written by train.py. For every sample it prints
+Loads out_dir/ckpt_sbd.pt (or ckpt_ntp.pt with --ckpt=ntp, or any file: --ckpt=path/to/ckpt.pt), written by
+train.py. With --verify=True SBD runs in its exact mode (greedy, batch 1): every drafted token is checked by the
+causal logits of the forward that commits it, so the text is NTP's, token for token. For every sample it prints
 the text and one summary line: tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of
 the same model and prompt, both through the KV cache. Both decoders prefill prompt[:-1] with one causal
 forward that is not counted in the NFE (see the decoding section of sbd.py).
@@ -26,11 +29,12 @@ from tokenizer import CharTokenizer, Llama3Tokenizer
 # -----------------------------------------------------------------------------
 out_dir = "out-sbd-small"  # where train.py wrote ckpt_sbd.pt and ckpt_ntp.pt
 init_from = ""  # or a Llama 3 directory as downloaded (Meta or HF layout): an NTP model, so mode=ntp
-ckpt = "sbd"  # 'sbd' -> ckpt_sbd.pt, 'ntp' -> ckpt_ntp.pt (the NTP baseline, mode=ntp only)
+ckpt = "sbd"  # 'sbd' -> out_dir/ckpt_sbd.pt, 'ntp' -> out_dir/ckpt_ntp.pt (mode=ntp only), or a .pt file
 start = "\n"  # the prompt, or FILE:path to read it from a file
 mode = "both"  # 'sbd', 'ntp', or 'both': decode each sample both ways and compare
 k = None  # SBD block size; None = the checkpoint's (16 in the paper)
-gamma = None  # threshold of the reveal rule (γ, or f for 'factor'); None = the checkpoint's gamma_low
+gamma = None  # threshold of the reveal rule (γ, or f for 'factor'); None = the checkpoint's calibrated one
+verify = False  # exact SBD: drafts checked against greedy NTP, output == NTP's (temperature 0, one prompt)
 rule = "entropy"  # 'entropy' or 'confidence' (EB-Sampler), 'factor' (Fast-dLLM)
 temperature = 0.0  # 0 = greedy, the paper's setting; > 0 samples
 top_k = None  # with temperature > 0: sample among the top_k most likely tokens only
@@ -50,7 +54,9 @@ if init_from:  # never trained with the mask token: NTP decoding only (it still 
     model, found = load_llama(init_from, device, torch.bfloat16 if device.startswith("cuda") else None)
     path, checkpoint = init_from, dict(sbd=None, tokenizer=dict(kind="llama", path=found["tokenizer_path"]))
 else:
-    path = os.path.join(out_dir, f"ckpt_{ckpt}.pt")
+    path = ckpt if ckpt.endswith(".pt") else os.path.join(out_dir, f"ckpt_{ckpt}.pt")  # a file, or a short name
+    if ckpt.endswith(".pt") and not os.path.exists(path) and os.path.exists(os.path.join(out_dir, ckpt)):
+        path = os.path.join(out_dir, ckpt)  # a file name inside out_dir
     model, checkpoint = load_checkpoint(path, device)
 info = checkpoint.get("sbd")  # None for an NTP-only model
 if mode != "ntp" and info is None:
@@ -69,8 +75,13 @@ else:
 
 info = info or {}
 k = k or info.get("k") or 16
-calibrated = info.get("gammas", {}).get(str(k), [info.get("gamma_low")])  # evaluate.py stores γ per k
-gamma = calibrated[0] if gamma is None else gamma
+if gamma is None and verify:  # evaluate.py stores, per k, the exact mode's fastest γ and the γ_low/γ_high pair
+    gamma = info.get("gamma_exact", {}).get(str(k))
+elif gamma is None:
+    gamma = info.get("gammas", {}).get(str(k), [info.get("gamma_low")])[0]
+    if gamma is None and "gamma_exact" in info:  # no γ kept this k within budget on val: decode exactly
+        gamma, verify = info["gamma_exact"][str(k)], True
+        print(f"no γ of k={k} stayed within the accuracy budget on val: exact SBD (verify=True), γ={gamma:g}")
 if gamma is None and mode != "ntp":
     gamma = 0.01  # tiny models need a far lower γ than the paper's (FINDINGS.md); evaluate.py calibrates one
     print(f"the checkpoint has no calibrated γ (run evaluate.py); using γ={gamma}")
@@ -92,7 +103,7 @@ if max_new_tokens > room:
     max_new_tokens = room
 generator = torch.Generator(device).manual_seed(seed)
 sbd_args = dict(k=k, gamma=gamma, rule=rule, mask_id=mask_id, stop_ids=stop_ids, temperature=temperature,
-                top_k=top_k, generator=generator)
+                top_k=top_k, generator=generator, verify=verify)
 ntp_args = dict(stop_ids=stop_ids, temperature=temperature, top_k=top_k, generator=generator, mask_id=mask_id)
 
 # warm up both paths, so that the first sample's wall clock is not the one that pays for lazy setup
@@ -113,8 +124,10 @@ for i in range(num_samples):
             print("NTP decoding of the same prompt gives:")
         if mode == "ntp" or ntp_out[0] != sbd_out[0]:
             print(start + tokenizer.decode(ntp_out[0]))
-    sbd_line = (f"SBD k={k} γ={gamma:g}: {s.tokens[0]} tokens in {s.nfe[0]} forwards "
-                f"({s.tokens_per_forward[0]:.2f} tok/fwd)") if mode != "ntp" else ""
+    name = "exact SBD" if verify else "SBD"
+    checked = f", {s.accepted[0]} drafts kept, {s.rejected[0]} rejected" if verify and mode != "ntp" else ""
+    sbd_line = (f"{name} k={k} γ={gamma:g}: {s.tokens[0]} tokens in {s.nfe[0]} forwards "
+                f"({s.tokens_per_forward[0]:.2f} tok/fwd{checked})") if mode != "ntp" else ""
     if mode == "both":
         print(f"{sbd_line} vs NTP {n.nfe[0]} forwards; wall {s.wall_time:.2f} s vs {n.wall_time:.2f} s "
               f"({n.wall_time / s.wall_time:.1f}x)")

@@ -56,6 +56,15 @@ class CharTask:
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
 
+    def encode_prompt(self, prompt):
+        """What the model is given to answer a problem (evaluate.py): here the prompt's characters."""
+        return self.encode(prompt)
+
+    @property
+    def max_new_tokens(self):
+        """The longest completion a row holds, its stop character included."""
+        return self.seq_len - self.prompt_len
+
     def rows(self, split):
         """All examples of a split as one (N, seq_len + 1) tensor: prompt, completion, stop, stop fill."""
         rows = []

@@ -46,9 +46,9 @@ def split_of(a, b):
     return "test" if h < 5 else "val" if h < 7 else "train"
 
 
-def sample_problems(split, n, rng):
-    """n distinct problems of the split, operand digit counts uniform in 1..3."""
-    seen, out = set(), []
+def sample_problems(split, n, rng, seen=None):
+    """n distinct problems of the split (and not in seen), operand digit counts uniform in 1..3."""
+    seen, out = set(seen or ()), []
     while len(out) < n:
         a, b = (rng.randint(0, 10 ** rng.randint(1, 3) - 1) for _ in range(2))
         if (a, b) not in seen and split_of(a, b) == split:
@@ -57,12 +57,17 @@ def sample_problems(split, n, rng):
     return out
 
 
-def main(out_dir=os.path.dirname(os.path.abspath(__file__)), n_train=100_000, n_val=500, n_test=1000, seed=1337):
+def main(out_dir=os.path.dirname(os.path.abspath(__file__)), n_train=100_000, n_val=2000, n_test=1000, seed=1337):
     rng = random.Random(seed)
     sizes = {"train": n_train, "val": n_val, "test": n_test}
-    for split, n in sizes.items():
+    problems = {split: sample_problems(split, n, rng) for split, n in (("train", n_train),
+                                                                      ("val", min(n_val, 500)), ("test", n_test))}
+    # γ is calibrated on val against budgets of half a point, which is 2.5 problems out of 500: val grew to
+    # 2000. The extra ones are drawn last, so that train and test stay those of earlier runs.
+    problems["val"] += sample_problems("val", max(0, n_val - 500), rng, seen=problems["val"])
+    for split, pairs in problems.items():
         with open(os.path.join(out_dir, f"{split}.txt"), "w") as f:
-            for a, b in sample_problems(split, n, rng):
+            for a, b in pairs:
                 f.write(f"{prompt(a, b)}\t{trace(a, b)}\n")
     chars = sorted(set("".join(prompt(a, b) + trace(a, b) for a in (0, 123456789) for b in (0, 99))) | {STOP})
     meta = dict(chars="".join(chars) + MASK, mask=MASK, stop=STOP, answer_marker="so ",
