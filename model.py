@@ -306,6 +306,7 @@ class LlamaConfig:
     rope_original_context: int = 8192
     max_seq_len: int = 131072  # longest position the model was trained for
     ffn_hidden_size: int = None  # the FFN width when a checkpoint states it (HF's intermediate_size)
+    tie_word_embeddings: bool = False  # True for Llama 3.2 1B/3B: the output head IS the embedding matrix
 
     @property
     def head_dim(self):
@@ -323,8 +324,10 @@ class LlamaConfig:
 
 LLAMA_PRESETS = {
     "llama3.1-8b": dict(),  # the defaults above are Llama-3.1-8B's params.json
-    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,
-                        multiple_of=256, rope_scale_factor=32.0),
+    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,  # FFN 8192
+                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),  # 1,235,814,400
+    "llama3.2-3b": dict(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim_multiplier=1.0,  # FFN 8192
+                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),  # 3,212,749,824
     "llama-tiny": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, multiple_of=32,
                        ffn_dim_multiplier=1.3, rope_original_context=64, max_seq_len=512),  # for tests
 }
@@ -434,7 +437,8 @@ class Llama(nn.Module):
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList([LlamaBlock(config) for _ in range(config.n_layers)])
         self.norm = RMSNorm(config.dim, config.norm_eps)
-        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)  # untied from tok_embeddings
+        self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.tie_weights()
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (hd/2,)
         if self.tok_embeddings.weight.device.type != "meta":  # a checkpoint overwrites everything anyway
             self.apply(self._init_weights)
@@ -443,10 +447,30 @@ class Llama(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    def tie_weights(self):
+        """With config.tie_word_embeddings (Llama 3.2 1B/3B) the output head is the embedding matrix itself: one
+        Parameter under two names, as GPT-2's, so it has one gradient and one AdamW state. Untied: nothing to do."""
+        if self.config.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        """nn.Module's, keeping a tie: the two names must hold the same matrix, and stay one Parameter afterwards
+        (assign=True, how a checkpoint reaches a model built on the meta device, would make them two)."""
+        emb, out = state_dict.get("tok_embeddings.weight"), state_dict.get("output.weight")
+        if self.config.tie_word_embeddings and emb is not None and out is not None and out is not emb:
+            if not torch.equal(out, emb):
+                raise ValueError("tied embeddings (tie_word_embeddings=True), but the state dict's output.weight "
+                                 "differs from its tok_embeddings.weight")
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self.tie_weights()
+        return result
+
     def _apply(self, fn, recurse=True):
         """model.to(torch.bfloat16) casts floating buffers too, and bf16 rotary frequencies would turn a token at
-        position 8000 by whole radians: after any .to() / .cuda() / .to_empty(), recompute them in fp32."""
+        position 8000 by whole radians: after any .to() / .cuda() / .to_empty(), recompute them in fp32.
+        A conversion may also hand each module a new Parameter, which would untie a tied head: tie it again."""
         super()._apply(fn, recurse)
+        self.tie_weights()
         self.inv_freq = rope_frequencies(self.config).to(self.inv_freq.device)
         return self
 
