@@ -16,12 +16,15 @@ with load_state_dict(strict=True, assign=True), so an 8B checkpoint never sits i
 safetensors is read and written here with the standard library + torch (no extra package).
 """
 
+import collections
+import dataclasses
 import glob
 import json
 import math
 import os
 import re
 import struct
+import sys
 
 import torch
 
@@ -36,8 +39,31 @@ SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.f
 MAX_HEADER_BYTES = 100_000_000  # real headers are a few hundred KB; a bigger one means a corrupt file
 
 
+def read_safetensors(path):
+    """A .safetensors file -> {name: tensor}, memory-mapped, after checking its layout as the reference reader does.
+
+    The tensors are views of a private (copy-on-write) map of the file: pages are read from disk when first
+    used, and writing to a tensor never changes the file. A damaged file is a ValueError naming the file (and the
+    tensor), never a silent misread. What no format check can see is damage that leaves a valid file: changed
+    data bytes, or a dtype or name edited into another valid one (safetensors has no checksum).
+    """
+    if sys.byteorder != "little":  # the format is little-endian, and the tensors are views of its bytes
+        raise ValueError(f"{path}: safetensors holds little-endian numbers; this machine is big-endian")
+    file_size = os.path.getsize(path)
+    header, data_start = read_safetensors_header(path, file_size)
+    entries = {name: parse_tensor_entry(path, name, entry) for name, entry in header.items()}
+    check_tensor_layout(path, entries, file_size - data_start)
+    file_bytes = torch.from_file(os.fspath(path), shared=False, size=file_size, dtype=torch.uint8)  # (file_size,)
+    return {name: tensor_from_bytes(path, name, file_bytes, data_start + begin, dtype, shape)
+            for name, (dtype, shape, begin, end) in entries.items()}
+
+
 def read_safetensors_header(path, file_size):
-    """-> ({tensor name: {dtype, shape, data_offsets}}, byte where the tensor data starts)."""
+    """-> ({tensor name: header entry}, byte where the tensor data starts).
+
+    Rules: a header size that fits in the file and under 100 MB; the header is UTF-8 JSON of one object, no key
+    twice in any object (json.loads would silently keep the last); __metadata__, if there, maps strings to strings.
+    """
     if file_size < 8:
         raise ValueError(f"{path}: truncated safetensors file ({file_size} bytes, not even the header size)")
     with open(path, "rb") as f:
@@ -47,49 +73,80 @@ def read_safetensors_header(path, file_size):
         if 8 + n > file_size:
             raise ValueError(f"{path}: truncated safetensors file (header of {n} bytes, file of {file_size})")
         raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))  # json.loads ignores the trailing space padding
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: safetensors header is not valid JSON ({e})") from None
+    try:  # json.loads ignores the trailing space padding
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError and unique_keys' error are all ValueErrors
+        raise ValueError(f"{path}: safetensors header is not valid JSON in UTF-8 ({e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: safetensors header is not a JSON object")
-    header.pop("__metadata__", None)  # free-form strings, nothing we need
+    metadata = header.pop("__metadata__", {})  # free-form strings, nothing we need
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError(f"{path}: safetensors __metadata__ must map strings to strings, got {metadata!r}")
     return header, 8 + n
 
 
-def tensor_from_bytes(file_bytes, data_start, name, entry, path):
-    """One header entry -> a tensor viewing file_bytes (the whole file as uint8), after checking it."""
-    try:
-        dtype_name, shape = entry["dtype"], [int(s) for s in entry["shape"]]
-        begin, end = (int(x) for x in entry["data_offsets"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"{path}: tensor {name!r} has a malformed header entry {entry!r}") from None
-    if dtype_name not in SAFETENSORS_DTYPES:
-        raise ValueError(f"{path}: tensor {name!r} has dtype {dtype_name!r}, not one of {list(SAFETENSORS_DTYPES)}")
-    dtype = SAFETENSORS_DTYPES[dtype_name]
+def unique_keys(pairs):
+    """json object_pairs_hook: a key stated twice is ambiguous (a tensor, or a tensor's dtype), so an error."""
+    repeated = sorted(k for k, count in collections.Counter(k for k, _ in pairs).items() if count > 1)
+    if repeated:
+        raise ValueError(f"key {repeated[0]!r} appears twice in one object")
+    return dict(pairs)
+
+
+def is_count(x):
+    return type(x) is int and x >= 0  # not True (== 1 to Python), not 2.0 or 2.5, not -1
+
+
+def parse_tensor_entry(path, name, entry):
+    """One header entry -> (dtype, shape, begin, end): exactly the keys dtype, shape, data_offsets; a known dtype;
+    non-negative integer dims and offsets; and end - begin = the bytes that shape and dtype need."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise ValueError(f"{where}: a header entry has exactly dtype, shape and data_offsets, got {entry!r}")
+    dtype_name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype_name, str) or dtype_name not in SAFETENSORS_DTYPES:
+        raise ValueError(f"{where} has dtype {dtype_name!r}, not one of {list(SAFETENSORS_DTYPES)}")
+    if not isinstance(shape, list) or not all(is_count(d) for d in shape):
+        raise ValueError(f"{where} has shape {shape!r}, not a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(x) for x in offsets):
+        raise ValueError(f"{where} has data_offsets {offsets!r}, not two non-negative integers")
+    dtype, (begin, end) = SAFETENSORS_DTYPES[dtype_name], offsets
     n_bytes = math.prod(shape) * dtype.itemsize
-    if not 0 <= begin <= end or end - begin != n_bytes:
-        raise ValueError(f"{path}: tensor {name!r} has data_offsets [{begin}, {end}], but shape {shape} "
-                         f"of {dtype_name} needs {n_bytes} bytes")
-    if data_start + end > file_bytes.numel():
-        raise ValueError(f"{path}: tensor {name!r} ends at byte {data_start + end}, past the end of the file "
-                         f"({file_bytes.numel()} bytes): the file is truncated or corrupt")
-    raw = file_bytes[data_start + begin:data_start + end]  # (n_bytes,) uint8
-    if (data_start + begin) % dtype.itemsize:  # a dtype view needs aligned bytes; the usual writers align
+    if end - begin != n_bytes:
+        raise ValueError(f"{where} has data_offsets [{begin}, {end}], but shape {shape} of {dtype_name} needs "
+                         f"{n_bytes} bytes")
+    return dtype, shape, begin, end
+
+
+def check_tensor_layout(path, entries, data_size):
+    """The reference reader's rule: taken in order of their offsets (the JSON's order is free), the tensors tile the
+    data section exactly. The first begins at 0, each begins where the previous ended (no overlap, no gap), and the
+    last ends at the end of the file. So a header size a few bytes short, whose JSON still parses inside its space
+    padding, shifts every tensor and is caught here, and so are bytes appended after the last tensor."""
+    expected = 0  # where the next tensor must begin, counted from the first data byte
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda item: item[1][2:]):  # by (begin, end)
+        if end > data_size:
+            raise ValueError(f"{path}: tensor {name!r} ends at data byte {end}, past the end of the file "
+                             f"({data_size} data bytes): the file is truncated or corrupt")
+        if begin != expected:
+            gap = begin - expected
+            problem = "overlaps the tensor before it" if gap < 0 else f"leaves a gap of {gap} bytes before it"
+            raise ValueError(f"{path}: tensor {name!r} begins at data byte {begin}, but the tensors before it end at "
+                             f"{expected}: it {problem}")
+        expected = end
+    if expected != data_size:
+        raise ValueError(f"{path}: the tensors end at data byte {expected}, but the file holds {data_size} data bytes: "
+                         "bytes after the last tensor, or a header size that does not match the header")
+
+
+def tensor_from_bytes(path, name, file_bytes, start, dtype, shape):
+    """The tensor whose bytes begin at file byte `start`: a view of file_bytes (the whole file as uint8)."""
+    raw = file_bytes[start:start + math.prod(shape) * dtype.itemsize]  # (n_bytes,) uint8
+    if start % dtype.itemsize:  # a dtype view needs aligned bytes; the usual writers align
         raw = raw.clone()
+    if dtype == torch.bool and raw.numel() and int(raw.max()) > 1:  # torch would keep a 2 as a True that sums to 2
+        raise ValueError(f"{path}: tensor {name!r} is BOOL but holds bytes other than 0 and 1")
     return raw.view(dtype).reshape(shape)
-
-
-def read_safetensors(path):
-    """A .safetensors file -> {name: tensor}, memory-mapped.
-
-    The tensors are views of a private (copy-on-write) map of the file: pages are read from disk when first
-    used, and writing to a tensor never changes the file. Assumes a little-endian machine (all current ones).
-    """
-    file_size = os.path.getsize(path)
-    header, data_start = read_safetensors_header(path, file_size)
-    file_bytes = torch.from_file(os.fspath(path), shared=False, size=file_size, dtype=torch.uint8)  # (file_size,)
-    return {name: tensor_from_bytes(file_bytes, data_start, name, entry, path) for name, entry in header.items()}
 
 
 def write_safetensors(tensors, path, metadata=None):
@@ -168,13 +225,35 @@ def check_state_dict(model, state_dict, source):
 
 
 def assign_weights(model, state_dict, device, dtype):
-    """Move/cast tensor by tensor (dtype None keeps the checkpoint's), then hand them to the model."""
+    """Move/cast tensor by tensor (dtype None keeps the checkpoint's), then hand them to the model.
+    A tied model's one matrix is converted once and handed over under both names (Llama.load_state_dict ties)."""
+    tied = model.config.tie_word_embeddings
+    if tied:
+        del state_dict["output.weight"]  # the loaders made it the embedding matrix (or checked it equals it)
     for name in list(state_dict):
         state_dict[name] = state_dict[name].to(device=device, dtype=dtype)
+    if tied:
+        state_dict["output.weight"] = state_dict["tok_embeddings.weight"]
     model.load_state_dict(state_dict, strict=True, assign=True)
     # inv_freq is a non-persistent buffer (not in checkpoints), so it is still on the meta device
     model.inv_freq = rope_frequencies(model.config).to(device)
     return model
+
+
+def same_matrix(a, b):
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def use_embedding_as_output(state_dict, source, output_name):
+    """A tied model's head is its embedding matrix. The file may leave the head out (HF's tied checkpoints) or hold
+    an exact copy of it (Meta's Llama 3.2 files); a different matrix means the model is not tied after all."""
+    emb, out = state_dict.get("tok_embeddings.weight"), state_dict.get("output.weight")
+    if emb is None:
+        return  # check_state_dict reports the missing embedding
+    if out is not None and not same_matrix(out, emb):
+        raise ValueError(f"{source}: the config ties the output head to the embeddings (tie_word_embeddings), "
+                         f"but {output_name} in the checkpoint is a different matrix")
+    state_dict["output.weight"] = emb
 
 
 # -----------------------------------------------------------------------------
@@ -186,6 +265,9 @@ META_RENAMED = {"rope_scaling_factor": "rope_scale_factor"}  # newer params.json
 META_RUNTIME_KEYS = {"max_batch_size", "max_seq_len"}  # inference settings in Meta's ModelArgs, not the weights
 META_DEFAULTS = dict(multiple_of=256, ffn_dim_multiplier=None, norm_eps=1e-5, rope_theta=500000.0,
                      use_scaled_rope=False, rope_scale_factor=8.0)  # Meta's defaults, not our 8B ones
+# Meta's reference code scales rotary frequencies by 8 for every Llama 3.x, 3.2 included (its params.json states no
+# factor); HF's config.json for 3.2 1B/3B says 32, and so do our presets. The two differ only in the frequencies
+# whose wavelength is over 2048 tokens.
 
 
 def config_from_params(params, path):
@@ -203,6 +285,13 @@ def config_from_params(params, path):
     return LlamaConfig(**kw)  # rope low_freq_factor 1 and context 8192 are fixed in Meta's code, as ours
 
 
+def meta_ties_embeddings(state_dict):
+    """params.json has no tying flag. Meta's Llama 3.2 1B/3B files hold output.weight as an exact copy of
+    tok_embeddings.weight (a converter may leave it out): both mean tied; a different matrix means untied."""
+    emb, out = state_dict.get("tok_embeddings.weight"), state_dict.get("output.weight")
+    return emb is not None and (out is None or same_matrix(out, emb))
+
+
 def load_meta_checkpoint(ckpt_dir, device="cpu", dtype=None):
     """params.json + consolidated.00.pth -> model.Llama on `device` (dtype None keeps the checkpoint's)."""
     params_path = os.path.join(ckpt_dir, "params.json")
@@ -211,10 +300,13 @@ def load_meta_checkpoint(ckpt_dir, device="cpu", dtype=None):
     if len(shards) != 1:
         raise ValueError(f"{ckpt_dir}: found {len(shards)} consolidated.*.pth files; only single-shard checkpoints "
                          "(Llama 3.x 1B/3B/8B) are supported, not the model-parallel shards of bigger models")
-    with torch.device("meta"):
-        model = Llama(config)
     state_dict = torch.load(shards[0], map_location="cpu", mmap=True, weights_only=True)
     state_dict.pop("rope.freqs", None)  # a precomputed rotary table in old checkpoints; we compute our own
+    if meta_ties_embeddings(state_dict):
+        config = dataclasses.replace(config, tie_word_embeddings=True)
+        use_embedding_as_output(state_dict, shards[0], "output.weight")
+    with torch.device("meta"):
+        model = Llama(config)
     check_state_dict(model, state_dict, shards[0])
     return assign_weights(model, state_dict, device, dtype)
 
@@ -224,12 +316,13 @@ def load_meta_checkpoint(ckpt_dir, device="cpu", dtype=None):
 
 HF_CONFIG = {"hidden_size": "dim", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
              "num_key_value_heads": "n_kv_heads", "vocab_size": "vocab_size", "rms_norm_eps": "norm_eps",
-             "rope_theta": "rope_theta", "max_position_embeddings": "max_seq_len"}
+             "max_position_embeddings": "max_seq_len"}
 HF_ROPE = {"factor": "rope_scale_factor", "low_freq_factor": "rope_low_freq_factor",
            "high_freq_factor": "rope_high_freq_factor", "original_max_position_embeddings": "rope_original_context"}
-HF_REQUIRED = dict(model_type="llama", hidden_act="silu", attention_bias=False, mlp_bias=False,
-                   tie_word_embeddings=False)  # all that model.Llama implements; also HF's defaults if absent
-HF_OTHER_KEYS = {"intermediate_size", "head_dim", "rope_scaling",  # checked below
+HF_REQUIRED = dict(model_type="llama", hidden_act="silu", attention_bias=False,
+                   mlp_bias=False)  # all that model.Llama implements; also HF's defaults if absent
+HF_OTHER_KEYS = {"intermediate_size", "head_dim", "tie_word_embeddings",  # checked below
+                 "rope_theta", "rope_scaling", "rope_parameters",  # the rotary settings, in either form (hf_rope)
                  "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
                  "transformers_version", "use_cache", "initializer_range", "attention_dropout", "pretraining_tp",
                  "_name_or_path"}  # bookkeeping and training-only settings: they do not change the forward pass
@@ -243,24 +336,57 @@ HF_TOP_KEY_MAP = {"model.embed_tokens.weight": "tok_embeddings.weight", "model.n
 
 def config_from_hf(cfg, path):
     """config.json -> LlamaConfig; anything model.Llama cannot represent exactly is an error."""
-    rope = cfg.get("rope_scaling") or {}  # null: Llama 3.0, no long-context scaling
     known = set(HF_CONFIG) | set(HF_REQUIRED) | HF_OTHER_KEYS
     problems = [f"unknown key {k!r}" for k in sorted(set(cfg) - known)]
     problems += [f"{k}={cfg[k]!r} (need {v!r})" for k, v in HF_REQUIRED.items() if cfg.get(k, v) != v]
     problems += [f"no {k!r}" for k in [*HF_CONFIG, "intermediate_size"] if k not in cfg]
-    if rope and (rope.get("rope_type", rope.get("type")) != "llama3" or not set(HF_ROPE) <= set(rope)):
-        problems.append(f"rope_scaling {rope} is not Llama 3's (rope_type 'llama3' with {list(HF_ROPE)})")
+    tied = cfg.get("tie_word_embeddings", False)  # absent: HF's LlamaConfig default, untied
+    if tied not in (True, False):
+        problems.append(f"tie_word_embeddings={tied!r} (need true or false)")
+    rope, rope_problems = hf_rope(cfg)
+    problems += rope_problems
     if problems:
         raise ValueError(f"{path}: unsupported config.json: {'; '.join(problems)}")
     kw = {ours: cfg[k] for k, ours in HF_CONFIG.items()}
-    if rope:
-        kw.update({ours: rope[k] for k, ours in HF_ROPE.items()})
     # config.json states the FFN width outright (Meta's params.json states the recipe that derives it)
-    config = LlamaConfig(**kw, use_scaled_rope=bool(rope), ffn_hidden_size=cfg["intermediate_size"])
+    config = LlamaConfig(**kw, **rope, ffn_hidden_size=cfg["intermediate_size"], tie_word_embeddings=tied)
     if cfg.get("head_dim", config.head_dim) != config.head_dim:
         raise ValueError(f"{path}: head_dim {cfg['head_dim']} cannot be represented "
                          f"(LlamaConfig gives hidden_size / num_attention_heads = {config.head_dim})")
     return config
+
+
+def hf_rope(cfg):
+    """config.json's rotary settings, in either form -> (LlamaConfig keywords, problems). Both forms give one config.
+
+    transformers 4.x: "rope_theta": 500000.0 and "rope_scaling": null (Llama 3.0) or {"rope_type": "llama3",
+    "factor": 8.0, "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (3.1 and later).
+    transformers 5.x: one "rope_parameters" with rope_theta inside, rope_type "default" (3.0) or "llama3" (the
+    same four keys). A setting stated twice must agree ("type" is the old spelling of "rope_type").
+    """
+    problems, rope = [], {}
+    stated = [("rope_theta", cfg["rope_theta"])] if "rope_theta" in cfg else []
+    for key in ("rope_scaling", "rope_parameters"):
+        if not isinstance(cfg.get(key) or {}, dict):
+            return {}, [f"{key}={cfg[key]!r} is not a JSON object"]
+        stated += (cfg.get(key) or {}).items()
+    for name, value in stated:
+        name = "rope_type" if name == "type" else name
+        if rope.setdefault(name, value) != value:
+            problems.append(f"{name!r} is stated twice, as {rope[name]!r} and {value!r}")
+    theta = rope.pop("rope_theta", None)
+    if theta is None:
+        problems.append("no 'rope_theta'")
+    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
+        problems.append("a partial_rotary_factor (model.Llama rotates whole heads)")
+    rope_type = rope.pop("rope_type", "default" if not rope else None)
+    if rope_type == "default" and not rope:  # Llama 3.0: plain rotary frequencies
+        return dict(rope_theta=theta, use_scaled_rope=False), problems
+    if rope_type == "llama3" and set(rope) == set(HF_ROPE):
+        return dict(rope_theta=theta, use_scaled_rope=True, **{ours: rope[k] for k, ours in HF_ROPE.items()}), problems
+    problems.append(f"rope settings (rope_scaling / rope_parameters) with rope_type {rope_type!r} and {sorted(rope)}"
+                    f" are not Llama 3's: rope_type 'default' alone, or 'llama3' with exactly {list(HF_ROPE)}")
+    return {}, problems
 
 
 def meta_name(hf_name):
@@ -295,6 +421,8 @@ def load_hf_checkpoint(ckpt_dir, device="cpu", dtype=None):
         model = Llama(config)
     state_dict = {meta_name(name): t for name, t in read_hf_tensors(ckpt_dir).items()
                   if not name.endswith("rotary_emb.inv_freq")}  # old HF checkpoints stored the rotary table
+    if config.tie_word_embeddings:  # usually no lm_head.weight in the files
+        use_embedding_as_output(state_dict, ckpt_dir, "lm_head.weight")
     check_state_dict(model, state_dict, ckpt_dir)
     for i in range(config.n_layers):
         wq, wk = f"layers.{i}.attention.wq.weight", f"layers.{i}.attention.wk.weight"
@@ -344,7 +472,9 @@ def init_mask_embedding(model, mask_id=128002):
     """Set the SBD mask token's input embedding (<|reserved_special_token_0|>) to the mean of the other rows.
 
     Llama 3 never saw this token in training, so its row is arbitrary; the mean embedding is a neutral start
-    for fine-tuning. The output row is left alone: samplers set the mask token's logit to -inf.
+    for fine-tuning. An untied model's output row is left alone; a tied model's (Llama 3.2 1B/3B) is the same
+    row, so it changes too. Either way no decoder emits the token: every sampler in sbd.py sets its logit to
+    -inf (sbd.suppress_mask), and training never uses it as a label.
     """
     emb = model.tok_embeddings.weight  # (vocab, dim)
     vocab = emb.size(0)
