@@ -31,8 +31,10 @@ def block_id(i, k_block, phase):
     return torch.div(i - phase, k_block, rounding_mode="floor")
 
 
-def sbd_training_mask(q, k, L, k_block, phase=0):
-    """Attention mask of the 2L training sequence [clean 0..L-1 ; noisy L..2L-1] (True = may attend).
+def sbd_training_mask(q, k, L, k_block, phase=0, noisy_start=0):
+    """Attention mask of the training sequence [clean 0..L-1 ; noisy L..] (True = may attend).
+
+    Noisy slot L + j is the noisy copy of position noisy_start + j (noisy_start > 0: see first_noisy_position).
 
     In the paper's notation, with b(i) the block of noisy position i and s(i) = its block's first position:
       clean query i -> clean key j     iff j <= i                    (causal, plain NTP)
@@ -46,7 +48,7 @@ def sbd_training_mask(q, k, L, k_block, phase=0):
         n4..n7   1  1  1  1  0  0  0  0  | 0  0  0  0  1  1  1  1
     """
     q_noisy, k_noisy = q >= L, k >= L
-    qi, ki = q - L * q_noisy, k - L * k_noisy  # positions within each half
+    qi, ki = q - (L - noisy_start) * q_noisy, k - (L - noisy_start) * k_noisy  # positions in the sequence
     q_block = block_id(qi, k_block, phase)
     block_start = q_block * k_block + phase
     clean_clean = ~q_noisy & ~k_noisy & (ki <= qi)
@@ -69,22 +71,23 @@ def hybrid_mask(q, k, block_start):
     return causal_mask(q, k) | (q >= block_start)
 
 
-def training_mask(L, k_block, phases, device=None):
-    """Dense (B, 2L, 2L) training masks, one per sequence phase (phases: (B,) long)."""
-    q = torch.arange(2 * L, device=device)[:, None]  # (2L, 1)
-    k = torch.arange(2 * L, device=device)[None, :]  # (1, 2L)
-    return sbd_training_mask(q[None], k[None], L, k_block, phases[:, None, None])  # (B, 2L, 2L)
+def training_mask(L, k_block, phases, device=None, noisy_start=0):
+    """Dense (B, T, T) training masks, one per sequence phase (phases: (B,) long); T = 2L - noisy_start."""
+    T = 2 * L - noisy_start
+    q = torch.arange(T, device=device)[:, None]  # (T, 1)
+    k = torch.arange(T, device=device)[None, :]  # (1, T)
+    return sbd_training_mask(q[None], k[None], L, k_block, phases[:, None, None], noisy_start)  # (B, T, T)
 
 
-def training_block_mask(L, k_block, phases):
+def training_block_mask(L, k_block, phases, noisy_start=0):
     """training_mask as a flex_attention BlockMask: the same pure function, evaluated tile by tile (GPU, long L).
 
     k_block goes in as a tensor: compiled flex_attention specialises on Python ints in the mask function and
     would recompile for every block size drawn, while a tensor's value is free to change.
     """
-    k_block = torch.tensor(k_block, device=phases.device)
-    return block_mask(lambda b, q, k: sbd_training_mask(q, k, L, k_block, phases[b]), len(phases), 2 * L, 2 * L,
-                      phases.device)
+    k_block, T = torch.tensor(k_block, device=phases.device), 2 * L - noisy_start
+    return block_mask(lambda b, q, k: sbd_training_mask(q, k, L, k_block, phases[b], noisy_start), len(phases),
+                      T, T, phases.device)
 
 
 # -----------------------------------------------------------------------------
@@ -106,19 +109,36 @@ def add_noise(x, mask_id, maskable=None, generator=None):
     return torch.where(is_masked, torch.full_like(x, mask_id), x), is_masked
 
 
-def sbd_inputs(x, y, mask_id, k_block, phases, maskable=None, generator=None, flex=False):
-    """The 2L training forward's tokens, positions, mask and labels for clean x (B, L) with NTP targets y.
+def first_noisy_position(maskable, k_block, phases):
+    """Where the noisy half may start: the start of the block that holds the first position any row may mask.
 
-    Labels: clean position i -> y[i] (= x[i+1], next token); noisy position i -> x[i] if masked, else ignored.
-    Returns idx (B, 2L), pos (2L,), mask (B, 2L, 2L) (a BlockMask of it if flex), labels (B, 2L).
+    Noisy copies before it are never masked and no masked token's block reaches back to them, so no label and
+    no attention reads them: leaving them out changes no logit that is read, only the cost (the demo's 13
+    prompt tokens are 9% of its 146-token SBD forward).
+    """
+    if maskable is None:
+        return 0
+    first = maskable.int().argmax(dim=1)  # (B,) each row's first maskable position (0 for a row with none)
+    block_starts = first - (first - phases) % k_block  # (B,)
+    return max(int(block_starts.min()), 0)
+
+
+def sbd_inputs(x, y, mask_id, k_block, phases, maskable=None, generator=None, flex=False, noisy_start=None):
+    """The SBD training forward's tokens, positions, mask and labels for clean x (B, L) with NTP targets y.
+
+    The forward is [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}] with s = noisy_start (default:
+    first_noisy_position, 0 without maskable: the paper's 2L). Labels: clean position i -> y[i] (= x[i+1],
+    next token); noisy position i -> x[i] if masked, else ignored.
+    Returns idx (B, T), pos (T,), mask (B, T, T) (a BlockMask of it if flex), labels (B, T); T = 2L - s.
     """
     B, L = x.shape
     noisy, is_masked = add_noise(x, mask_id, maskable, generator)
-    idx = torch.cat([x, noisy], dim=1)  # (B, 2L)
-    pos = torch.arange(L, device=x.device).repeat(2)  # (2L,): the noisy copy reuses the clean positions
+    s = first_noisy_position(maskable, k_block, phases) if noisy_start is None else noisy_start
+    idx = torch.cat([x, noisy[:, s:]], dim=1)  # (B, T)
+    pos = torch.cat([torch.arange(L), torch.arange(s, L)]).to(x.device)  # (T,): the noisy copy reuses positions
     noisy_labels = torch.where(is_masked, x, torch.full_like(x, IGNORE_INDEX))  # (B, L)
-    labels = torch.cat([y, noisy_labels], dim=1)  # (B, 2L)
-    mask = training_block_mask(L, k_block, phases) if flex else training_mask(L, k_block, phases, x.device)
+    labels = torch.cat([y, noisy_labels[:, s:]], dim=1)  # (B, T)
+    mask = training_block_mask(L, k_block, phases, s) if flex else training_mask(L, k_block, phases, x.device, s)
     return idx, pos, mask, labels
 
 
@@ -130,9 +150,9 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     """
     V = logits.size(-1)
     per_token = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1),
-                                ignore_index=IGNORE_INDEX, reduction="none").view(labels.shape)  # (B, 2L)
+                                ignore_index=IGNORE_INDEX, reduction="none").view(labels.shape)  # (B, T)
     labelled = (labels != IGNORE_INDEX).float()
-    weight = torch.cat([labelled[:, :L] * ntp_weight, labelled[:, L:]], dim=1)  # (B, 2L)
+    weight = torch.cat([labelled[:, :L] * ntp_weight, labelled[:, L:]], dim=1)  # (B, T): clean half, noisy half
     loss = (per_token * weight).sum() / weight.sum().clamp(min=1)
     ntp = (per_token[:, :L] * labelled[:, :L]).sum() / labelled[:, :L].sum().clamp(min=1)
     mtp = (per_token[:, L:] * labelled[:, L:]).sum() / labelled[:, L:].sum().clamp(min=1)

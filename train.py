@@ -155,8 +155,8 @@ def forward_loss(model, stage, x, y, answer, k, generator):
         return loss, loss.detach(), None
     maskable = answer if loss_on_answer_only else None
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, block_phases(answer, k, generator).to(device),
-                                            maskable, generator, flex=attention == "flex")  # (B, 2L), mask (B, 2L, 2L)
-    logits, _ = model(idx, pos=pos, mask=mask)  # (B, 2L, vocab)
+                                            maskable, generator, flex=attention == "flex")  # (B, T), mask (B, T, T)
+    logits, _ = model(idx, pos=pos, mask=mask)  # (B, T, vocab), T = 2L - the noisy prompt nothing reads
     return sbd.sbd_loss(logits, labels, L, ntp_weight)
 
 

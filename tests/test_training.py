@@ -101,11 +101,13 @@ def test_labels_with_random_noise():
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, M, 4, torch.zeros(B, dtype=torch.long),
                                             maskable.expand(B, L), g)
     clean, noisy = idx[:, :L], idx[:, L:]
+    s = 2 * L - idx.size(1)  # the noisy half starts at the block (k=4, phase 0) of the first maskable position
+    assert s == 8 and torch.equal(pos, torch.cat([torch.arange(L), torch.arange(s, L)]))
     assert torch.equal(clean, x) and torch.equal(labels[:, :L], y)
     is_masked = noisy == M
-    assert torch.equal(noisy[~is_masked], x[~is_masked])  # a noisy token is x_i or the mask
-    assert torch.equal(labels[:, L:], torch.where(is_masked, x, IGNORE_INDEX))
-    assert not is_masked[:, :10].any() and 0 < is_masked.float().mean() < 0.9
+    assert torch.equal(noisy[~is_masked], x[:, s:][~is_masked])  # a noisy token is x_i or the mask
+    assert torch.equal(labels[:, L:], torch.where(is_masked, x[:, s:], IGNORE_INDEX))
+    assert not is_masked[:, :10 - s].any() and 0 < is_masked.float().mean() < 0.9
 
 
 def test_masking_rate_is_drawn_per_sequence():
@@ -141,6 +143,37 @@ def test_loss_is_one_cross_entropy_over_all_labelled_positions():
     loss_without_ntp, _, _ = sbd.sbd_loss(logits, labels, L, ntp_weight=0.0)  # the paper's ablation
     assert loss_without_ntp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5)
 
+@pytest.mark.parametrize("block_phase", ["answer", "random", "zero"])
+def test_leaving_out_the_unread_noisy_prompt_changes_nothing(block_phase):
+    """With noise on the answer only, the noisy copies of the prompt are never labelled and (with the block
+    holding the first answer token kept whole) never attended to: dropping them leaves every logit that is read
+    (the clean half, the masked tokens) and the loss as they were in the full 2L forward."""
+    m = random_model("gpt-tiny")
+    B, L, P, k, mask_id = 4, 20, 7, 5, m.config.vocab_size - 1
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, mask_id, (B, L), generator=g)
+    y = torch.randint(0, mask_id, (B, L), generator=g)
+    answer = (torch.arange(L) >= P).expand(B, L)
+    phases = {"answer": torch.full((B,), P % k), "random": torch.tensor([0, 1, 3, 4]), "zero": torch.zeros(B)}
+    phases = phases[block_phase].long()
+    full = sbd.sbd_inputs(x, y, mask_id, k, phases, answer, torch.Generator().manual_seed(1), noisy_start=0)
+    cut = sbd.sbd_inputs(x, y, mask_id, k, phases, answer, torch.Generator().manual_seed(1))
+    s = 2 * L - cut[0].size(1)
+    assert 0 < s <= P and (s == P) == (block_phase == "answer")  # dropped the prompt up to its block
+    assert torch.equal(cut[0], torch.cat([full[0][:, :L], full[0][:, L + s:]], dim=1))
+    assert torch.equal(cut[3], torch.cat([full[3][:, :L], full[3][:, L + s:]], dim=1))
+    keep = torch.cat([torch.arange(L), torch.arange(L + s, 2 * L)])
+    assert torch.equal(cut[2], full[2][:, keep][:, :, keep])  # the mask is the full one without those slots
+    with torch.no_grad():
+        full_logits, _ = m(full[0], pos=full[1], mask=full[2])
+        cut_logits, _ = m(cut[0], pos=cut[1], mask=cut[2])
+    read = torch.cat([torch.ones(B, L, dtype=torch.bool), cut[3][:, L:] != IGNORE_INDEX], dim=1)  # (B, T)
+    assert read[:, L:].sum() > 20  # (a noisy copy nobody reads may see fewer unread neighbours: not compared)
+    assert (cut_logits - full_logits[:, keep])[read].abs().max() <= 1e-5
+    for a, b in zip(sbd.sbd_loss(full_logits, full[3], L), sbd.sbd_loss(cut_logits, cut[3], L)):
+        assert a.item() == pytest.approx(b.item(), rel=1e-5)
+
+
 # -----------------------------------------------------------------------------
 # 8: the training forward and the decoding forward agree
 
@@ -175,13 +208,13 @@ def test_training_forward_equals_decoding_forward(family, k):
                 cache = m.new_cache(1, L, "cpu")
                 if s > 0:
                     m(x[b:b + 1, :s], cache=cache)
-                got = sbd.block_forward(m, cache, x[b:b + 1, :0], noisy[b:b + 1, s:e])
+                _, got = sbd.block_forward(m, cache, x[b:b + 1, :0], noisy[b:b + 1, s:e])
                 assert (got - expected).abs().max() <= 1e-5, f"row {b} (phase {phase}), block {s}..{e}"
                 if s > 0:
                     cache = m.new_cache(1, L, "cpu")
                     if s > 1:
                         m(x[b:b + 1, :s - 1], cache=cache)
-                    got = sbd.block_forward(m, cache, x[b:b + 1, s - 1:s], noisy[b:b + 1, s:e])
+                    _, got = sbd.block_forward(m, cache, x[b:b + 1, s - 1:s], noisy[b:b + 1, s:e])
                     assert (got - expected).abs().max() <= 1e-5, f"row {b}, block {s}..{e}, committing x[s-1]"
         # the clean half is plain next-token prediction
         assert (train_logits[:, :L] - m(x)[0]).abs().max() <= 1e-5
