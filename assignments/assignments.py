@@ -1,0 +1,154 @@
+"""
+The course: every assignment, the functions a student writes and the tests that grade them.
+
+This list is the single source of truth. handout.py blanks the functions named here, grade.py runs the tests
+named here, and tests/test_assignments.py checks both (a stub never passes, no assignment needs a later one,
+no solution leaks into a handout). The reference source carries no markers, so keep this list up to date when
+a function or a test is renamed: a name that no longer exists is an error in handout.py and in CI.
+
+functions: "file:function" or "file:Class.method". The handout keeps the signature and the docstring (the
+           specification) and replaces the rest of the body with raise NotImplementedError("assignment N: name").
+tests:     pytest node ids, run from the repository root: a whole test function (all its parametrized cases)
+           or one case ("...[gpt-tiny]"). Assignments 3 and 5 grade on the GPT cases only, because the Llama
+           cases need assignment 6 (RoPE); assignment 6 grades the Llama cases.
+points:    split equally over the listed tests; a test with several cases earns its share in proportion to the
+           cases it passes. Experiments (kind "experiment") are written up and graded by hand.
+"""
+
+ASSIGNMENTS = [
+    dict(
+        number=1, title="Attention masks", kind="implementation", points=10, builds_on=[],
+        writeup="01_masks.md",
+        functions=["model.py:causal_mask", "sbd.py:block_id", "sbd.py:hybrid_mask", "sbd.py:sbd_training_mask"],
+        tests=[
+            "tests/test_model.py::test_causal_mask",
+            "tests/test_model.py::test_hybrid_mask",
+            "tests/test_model.py::test_sbd_training_mask_phase_0",
+            "tests/test_model.py::test_sbd_training_mask_phase_1",
+            "tests/test_training.py::test_training_mask_is_the_worked_example",
+            "tests/test_training.py::test_training_mask_follows_the_rules_per_row_phase",
+            "tests/test_assignment_1.py::test_block_id_floors_below_the_phase",
+            "tests/test_assignment_1.py::test_masks_are_pure_functions_of_query_and_key",
+        ]),
+    dict(
+        number=2, title="The SBD training objective", kind="implementation", points=10, builds_on=[1],
+        writeup="02_objective.md",
+        functions=["sbd.py:add_noise", "sbd.py:sbd_inputs", "sbd.py:sbd_loss"],
+        tests=[
+            "tests/test_training.py::test_labels_of_the_worked_example",
+            "tests/test_training.py::test_labels_with_random_noise",
+            "tests/test_training.py::test_masking_rate_is_drawn_per_sequence",
+            "tests/test_training.py::test_loss_is_one_cross_entropy_over_all_labelled_positions",
+            "tests/test_assignment_2.py::test_noise_follows_the_generator",
+            "tests/test_assignment_2.py::test_loss_reaches_only_labelled_positions",
+        ]),
+    dict(
+        number=3, title="The exact KV cache with commit", kind="implementation", points=10, builds_on=[1],
+        writeup="03_kv_cache.md",
+        functions=["model.py:KVCache.extend"],
+        tests=[
+            "tests/test_assignment_3.py::test_extend_writes_only_the_committed_tokens",
+            "tests/test_assignment_3.py::test_a_full_cache_is_a_clear_error_and_stays_unchanged",
+            "tests/test_model.py::test_cached_decoding_equals_full_forward[1-gpt-tiny]",
+            "tests/test_model.py::test_cached_decoding_equals_full_forward[3-gpt-tiny]",
+            "tests/test_model.py::test_block_on_cache_equals_full_forward_and_leaves_cache_alone[gpt-tiny]",
+            "tests/test_model.py::test_commit_previous_and_new_block_in_one_forward[gpt-tiny]",
+            "tests/test_decoding.py::test_cached_ntp_equals_uncached[1-gpt-tiny]",
+            "tests/test_decoding.py::test_cached_ntp_equals_uncached[3-gpt-tiny]",
+        ]),
+    dict(
+        number=4, title="Reveal rules: EB-Sampler and the factor rule", kind="implementation", points=15,
+        builds_on=[], writeup="04_reveal_rules.md",
+        functions=["sbd.py:entropy", "sbd.py:entropy_bound", "sbd.py:reveal_entropy", "sbd.py:reveal_confidence",
+                   "sbd.py:reveal_factor"],
+        tests=[
+            "tests/test_assignment_4.py::test_entropy_of_known_distributions",
+            "tests/test_assignment_4.py::test_entropy_bound_by_hand",
+            "tests/test_samplers.py::test_rule_matches_by_hand",
+            "tests/test_samplers.py::test_thresholds_in_between_vary_the_count",
+            "tests/test_samplers.py::test_gamma_zero_reveals_one_and_huge_gamma_all",
+            "tests/test_samplers.py::test_factor_extremes",
+            "tests/test_samplers.py::test_factor_rule_is_one_minus_confidence",
+            "tests/test_samplers.py::test_ties_keep_lower_position_first",
+            "tests/test_samplers.py::test_single_mask_and_no_mask",
+            "tests/test_samplers.py::test_batch_rows_are_independent",
+            "tests/test_samplers.py::test_rules_take_float32",
+            "tests/test_samplers.py::test_block_sampler_reveals_on_the_temperature_one_distribution",
+        ]),
+    dict(
+        number=5, title="Block decoding (Algorithms 2 and 3)", kind="implementation", points=20,
+        builds_on=[1, 2, 3, 4], writeup="05_block_decoding.md",
+        functions=["sbd.py:block_forward", "sbd.py:decode_block", "sbd.py:sbd_generate"],
+        tests=[
+            "tests/test_training.py::test_training_forward_equals_decoding_forward[4-gpt-tiny]",
+            "tests/test_training.py::test_training_forward_equals_decoding_forward[5-gpt-tiny]",
+            "tests/test_assignment_5.py::test_decode_block_fills_one_block_and_commits_prev",
+            "tests/test_decoding.py::test_cached_sbd_equals_uncached[1-1-gpt-tiny]",
+            "tests/test_decoding.py::test_cached_sbd_equals_uncached[1-4-gpt-tiny]",
+            "tests/test_decoding.py::test_cached_sbd_equals_uncached[1-16-gpt-tiny]",
+            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-1-gpt-tiny]",
+            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-4-gpt-tiny]",
+            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-16-gpt-tiny]",
+            "tests/test_decoding.py::test_other_rules_cached_equal_uncached",
+            "tests/test_assignment_5.py::test_one_token_prompt_has_no_prefill",
+            "tests/test_decoding.py::test_batch_equals_each_row_alone[gpt-tiny]",
+            "tests/test_decoding.py::test_stop_token_ends_rows_early_and_truncates",
+            "tests/test_decoding.py::test_row_stops_without_waiting_for_the_rest_of_its_block",
+            "tests/test_decoding.py::test_mask_token_never_in_output[0.0-gpt-tiny]",
+            "tests/test_decoding.py::test_mask_token_never_in_output[1.0-gpt-tiny]",
+            "tests/test_decoding.py::test_max_new_tokens_not_a_multiple_of_k",
+            "tests/test_decoding.py::test_decoding_may_fill_the_whole_context",
+            "tests/test_decoding.py::test_stats_add_up",
+            "tests/test_exact.py::test_exact_equals_greedy_ntp[4-gpt-tiny]",
+            "tests/test_exact.py::test_a_wrong_draft_is_caught_and_corrected_where_it_is[5-gpt-tiny]",
+            "tests/test_exact.py::test_cache_after_exact_decoding_equals_ntp_cache[gpt-tiny]",
+        ]),
+    dict(
+        number=6, title="Llama internals: RoPE, GQA, HF's q/k permutation", kind="implementation",
+        points=15, builds_on=[1, 2, 3, 4, 5], writeup="06_llama.md",
+        functions=["model.py:rope_frequencies", "model.py:apply_rotary", "model.py:LlamaAttention.forward",
+                   "load_llama.py:hf_permute", "load_llama.py:hf_unpermute"],
+        tests=[
+            "tests/test_assignment_6.py::test_llama31_rope_frequencies",
+            "tests/test_assignment_6.py::test_rope_without_scaling",
+            "tests/test_assignment_6.py::test_apply_rotary_is_meta_rotary",
+            "tests/test_assignment_6.py::test_apply_rotary_per_row_positions_and_dtype",
+            "tests/test_model.py::test_gqa_attention_equals_explicit_head_repetition",
+            "tests/test_llama_io.py::test_hf_permute_by_hand",
+            "tests/test_assignment_6.py::test_hf_unpermute_inverts_hf_permute",
+            "tests/test_llama_io.py::test_hf_permute_turns_meta_rotary_into_rotate_half",
+            "tests/test_llama_io.py::test_meta_layout_loads_exactly",
+            "tests/test_llama_io.py::test_hf_sharded_layout_loads_exactly",
+            "tests/test_model.py::test_cached_decoding_equals_full_forward[1-llama-tiny]",
+            "tests/test_model.py::test_cached_decoding_equals_full_forward[3-llama-tiny]",
+            "tests/test_model.py::test_block_on_cache_equals_full_forward_and_leaves_cache_alone[llama-tiny]",
+            "tests/test_model.py::test_commit_previous_and_new_block_in_one_forward[llama-tiny]",
+            "tests/test_training.py::test_training_forward_equals_decoding_forward[4-llama-tiny]",
+            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-4-llama-tiny]",
+        ]),
+    # experiments: run the reference (or your own solutions), measure, write up; CPU budget <= 15 minutes each
+    dict(number=7, title="The γ trade-off of the demo model", kind="experiment", points=5, builds_on=[1, 2, 3, 4, 5],
+         writeup="07_gamma_tradeoff.md", functions=[], tests=[]),
+    dict(number=8, title="Ablation: SBD without the NTP term", kind="experiment", points=5, builds_on=[1, 2, 3, 4, 5],
+         writeup="08_no_ntp_ablation.md", functions=[], tests=[]),
+    dict(number=9, title="Where training blocks start: block_phase 'answer' vs 'random'", kind="experiment",
+         points=5, builds_on=[1, 2, 3, 4, 5], writeup="09_block_phase.md", functions=[], tests=[]),
+    dict(number=10, title="Eq. 16 on your own machine", kind="experiment", points=5, builds_on=[3, 5],
+         writeup="10_eq16_wall_clock.md", functions=[], tests=[]),
+    dict(number=11, title="Exact mode: what verification costs", kind="experiment", points=5, builds_on=[1, 2, 3, 4, 5],
+         writeup="11_exact_mode.md", functions=[], tests=[]),
+]
+
+# Docstrings for blanked functions that have none in the source: the handout puts this text in its place, so the
+# student still gets a specification. An entry for a function that has a docstring is an error (stale entry).
+SPECS = {
+    "model.py:LlamaAttention.forward": """x (B, T, dim) -> (B, T, dim): attention with grouped-query attention.
+
+q gets n_heads heads, k and v only n_kv_heads heads of head_dim each. Rotate q and k with apply_rotary
+(the cache then holds rotated keys), call attention(q, k, v, layer, mask, cache, n_commit, dropout_p=0.0)
+with k and v still at n_kv_heads heads (attention() lets each K/V head serve n_heads // n_kv_heads query
+heads and keeps the cache that small), and project the heads back with wo.""",
+}
+
+# Files of the repository that a handout leaves out: checks for course staff, not for students.
+STAFF_ONLY = ["tests/test_assignments.py"]
