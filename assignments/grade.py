@@ -45,16 +45,17 @@ def run_tests(tests, timeout):
             for case in ET.parse(report).iter("testcase"):  # classname 'tests.test_model', name 'test_x[params]'
                 node_id = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
                 problems = [p for p in case if p.tag in ("failure", "error", "skipped")]
-                cases[node_id] = "\n".join(f"{p.tag}: {p.get('message', '')}\n{p.text or ''}"
+                cases[node_id] = "\n".join(f"{p.get('message') or p.tag}\n{p.text or ''}"
                                            for p in problems) if problems else None
     return cases, output, seconds
 
 
 def grade(assignment, timeout):
-    """-> dict(number, title, points, max_points, passed, failed, seconds, tests=[Gradescope test entries])."""
+    """-> dict(number, title, points, max_points, passed, failed, seconds, tests=[Gradescope test entries],
+    failures=[(test, cases passed, cases, first error line)])."""
     cases, output, seconds = run_tests(assignment["tests"], timeout)
     share = assignment["points"] / len(assignment["tests"])
-    entries, passed, failed = [], 0, 0
+    entries, failures, passed, failed = [], [], 0, 0
     for test in assignment["tests"]:
         mine = {n: f for n, f in cases.items() if n == test or ("[" not in test and n.startswith(test + "["))}
         ok = sum(f is None for f in mine.values())
@@ -63,13 +64,15 @@ def grade(assignment, timeout):
             failed += 1
             text = f"not run; pytest said:\n{output[-3000:]}"
         else:
-            text = "\n".join(f"{n}\n{f[:2000]}" for n, f in mine.items() if f is not None)
+            text = "\n".join(f"{f[:2000]}\n({n})" for n, f in mine.items() if f is not None)
+        if ok < len(mine) or not mine:
+            failures.append((test, ok, len(mine), text.splitlines()[0]))
         entries.append(dict(name=f"{assignment['number']}. {assignment['title']}: {test} ({ok}/{len(mine)} passed)",
                             score=share * ok / len(mine) if mine else 0.0, max_score=share,
                             output=text or "passed"))
     return dict(number=assignment["number"], title=assignment["title"], max_points=assignment["points"],
                 points=sum(e["score"] for e in entries), passed=passed, failed=failed, seconds=seconds,
-                tests=entries)
+                tests=entries, failures=failures)
 
 
 def print_table(results):
@@ -81,11 +84,10 @@ def print_table(results):
     total, most = sum(r["points"] for r in results), sum(r["max_points"] for r in results)
     print(f"{'total':52s} {total:5.1f}/{most:<5g}")
     for r in results:
-        for entry in r["tests"]:
-            if entry["score"] < entry["max_score"]:
-                first = next((line for line in entry["output"].splitlines()
-                              if line.startswith(("failure:", "error:", "skipped:", "not run"))), "")
-                print(f"  failed  {entry['name']}\n          {first[:150]}")
+        if r["failures"]:
+            print(f"\nassignment {r['number']}, failed (cases passed / cases):")
+        for test, ok, n, first_line in r["failures"]:
+            print(f"  {f'{ok}/{n}':>6s}  {test}\n          {first_line[:150]}")
 
 
 def default_selection():
