@@ -1,6 +1,7 @@
 """
 Tasks with verifiable answers (data/<name>/): load and tokenise them, make training batches, grade answers.
-JsonlTask (at the end): instruction data for fine-tuning a Llama, prompt/response pairs in a local JSONL file.
+JsonlTask: instruction data for fine-tuning a Llama, prompt/response pairs in a local JSONL file.
+BenchmarkTask (at the end): a benchmark with verifiable answers for a Llama, prompt/answer rows in local JSONL files.
 
 A task folder holds prepare.py, which writes train.txt / val.txt / test.txt (one "prompt<TAB>completion"
 per line) and meta.json (characters, mask and stop characters, lengths). Each example becomes one
@@ -10,8 +11,10 @@ has the same length and the completion starts at the same place in every row.
 
 import json
 import os
+import re
 import subprocess
 import sys
+from fractions import Fraction
 
 import torch
 
@@ -185,3 +188,148 @@ class JsonlTask:
         learn = is_response[:, 1:] if loss_on_answer_only else rows[:, 1:] != self.pad_id  # (N, seq_len)
         y[~learn] = IGNORE_INDEX
         return x, y, is_response[:, :-1]
+
+
+# -----------------------------------------------------------------------------
+# benchmarks with verifiable answers for a Llama (evaluate.py --benchmark=<file>.jsonl)
+
+# A number as people write it: digits with optional thousands separators (commas, or spaces before exactly three
+# digits: "1 234"), optional decimals and an optional /denominator ("3/4"). A minus counts unless it joins two
+# words or numbers ("3-4" is 3 and 4). A trailing period is never a decimal point: "1,234." is 1234.
+NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:[, ]\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+LATEX_FRACTION = re.compile(r"\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}")  # \frac{3}{4} -> 3/4
+
+
+def after_marker(text, marker):
+    """The text after the last `marker` in text, or None if there is none. A marker followed by '{' (\\boxed{...})
+    gives what is inside its balanced braces (everything after '{' if they never close: a completion cut short)."""
+    at = text.rfind(marker)
+    if not marker or at < 0:
+        return None
+    rest = text[at + len(marker):]
+    if not rest.startswith("{"):
+        return rest
+    depth = 0
+    for i, c in enumerate(rest):
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        if depth == 0:
+            return rest[1:i]
+    return rest[1:]
+
+
+def canonical_number(text):
+    """'1,234' -> '1234', '$1,000.00' -> '1000', '0.50' and '1/2' -> '1/2': numbers compare by value."""
+    try:
+        return str(Fraction(text.replace(",", "").replace(" ", "")))
+    except (ValueError, ZeroDivisionError):  # '3/0'
+        return None
+
+
+def final_answer(text, marker="", numeric=True):
+    """The answer a completion (or a reference) gives, as a canonical string, or None if it gives none.
+
+    Where: the text after the last `marker` ('####'), or inside the braces after it ('\\boxed'); with no marker,
+    or none in the text, the whole text (lm-eval's "flexible" extraction: a model that forgets the marker is
+    still graded). numeric: the FIRST number after the marker, else the LAST number of the text, compared by
+    value (canonical_number; LaTeX \\frac{a}{b} reads as a/b); no number -> None, which is never correct.
+    numeric=False: the extracted text with spaces collapsed and surrounding '$', '.' and spaces removed.
+    """
+    part = after_marker(text, marker)
+    scope = text if part is None else part
+    if not numeric:
+        return " ".join(scope.split()).strip(" .$") or None
+    numbers = NUMBER.findall(LATEX_FRACTION.sub(r"\1/\2", scope))
+    if not numbers:
+        return None
+    return canonical_number(numbers[0] if part is not None else numbers[-1])
+
+
+def read_benchmark(path, grade):
+    """A JSONL file of {"prompt": "...", "answer": "..."} rows -> [(prompt, answer)]; an answer may be a JSON number.
+    Other keys ("response": a reference completion for SFT data) are ignored. Every malformed line, and every answer
+    that grade(answer) cannot read, is an error naming the file and line."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'no benchmark at {path}: expected a JSONL file with one {{"prompt": "...", '
+                                f'"answer": "..."}} object per line')
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{line_no}: not JSON ({e.msg}, column {e.colno}): {line[:80]!r}") from None
+            answer = row.get("answer") if isinstance(row, dict) else None
+            if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+                answer = str(answer)
+            if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(answer, str)):
+                raise ValueError(f'{path}:{line_no}: expected {{"prompt": "...", "answer": "..."}} (a string prompt, '
+                                 f"a string or number answer), got {line[:80]!r}")
+            if grade(answer) is None:
+                raise ValueError(f"{path}:{line_no}: the grader finds no answer in {answer[:80]!r}")
+            rows.append((row["prompt"], answer))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def held_out(rows, n, seed=0):
+    """(n rows drawn with a fixed seed, the other rows), each in file order."""
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
+    chosen = set(order[:n])
+    return [r for i, r in enumerate(rows) if i in chosen], [r for i, r in enumerate(rows) if i not in chosen]
+
+
+class BenchmarkTask:
+    """A benchmark with verifiable answers for a Llama: local JSONL files of {"prompt": ..., "answer": ...} rows.
+
+    The model gets each prompt as a user turn in the Llama 3.1 chat format with an open assistant header (as
+    JsonlTask and sample.py prompt) and writes until a stop token; final_answer() reads the answer out of the
+    completion and out of the reference alike, and the two must be equal. The interface is CharTask's, what
+    evaluate.py uses: name, splits {"val", "test"}, encode_prompt, decode, is_correct, stop_ids, mask_id,
+    max_new_tokens (evaluate.py cuts it per prompt to the model's context).
+    γ is calibrated on val, never on test: val is val_problems rows drawn with seed 0 from val_path, or, without
+    one, from the benchmark itself, whose other rows are then the test set (at most half of them go to val).
+    """
+
+    def __init__(self, path, tokenizer_path, val_path=None, val_problems=200, max_new_tokens=512, answer_marker="",
+                 numeric=True):
+        if tokenizer_path is None or not os.path.exists(tokenizer_path):
+            raise FileNotFoundError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
+        self.name, self.max_new_tokens = os.path.basename(path), max_new_tokens
+        self.answer_marker, self.numeric = answer_marker, numeric
+        self.tokenizer = Llama3Tokenizer(tokenizer_path)
+        self.tokenizer_info = dict(kind="llama", path=os.path.abspath(tokenizer_path))
+        self.mask_id, self.stop_ids = self.tokenizer.mask_id, self.tokenizer.stop_ids
+        # special tokens decode to text like "<|reserved_special_token_12|>": never graded as numbers
+        self.special_text = re.compile("|".join(re.escape(name) for name in self.tokenizer.special))
+        rows = read_benchmark(path, self.final_answer)
+        if val_path:
+            test_prompts = {prompt for prompt, _ in rows}
+            val_rows = [r for r in read_benchmark(val_path, self.final_answer) if r[0] not in test_prompts]
+            val, _ = held_out(val_rows, val_problems)
+            test, source = rows, f"{len(val)} rows of {val_path} (seed 0; none of them a test prompt)"
+        else:
+            val, test = held_out(rows, min(val_problems, len(rows) // 2))
+            source = f"{len(val)} of the {len(rows)} rows of {path} (seed 0); the test set is the other {len(test)}"
+        if not val or not test:
+            raise ValueError(f"{path}: {len(test)} test and {len(val)} val rows; need at least one of each")
+        self.splits = {"val": val, "test": test}
+        self.info = dict(benchmark=os.path.abspath(path), val=source, answer_marker=answer_marker, numeric=numeric,
+                         max_new_tokens=max_new_tokens)
+
+    def encode_prompt(self, prompt):
+        """A user message -> chat-format ids ending with the open assistant header (JsonlTask's, as in training)."""
+        return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids)
+
+    def final_answer(self, text):
+        return final_answer(text, self.answer_marker, self.numeric)
+
+    def is_correct(self, completion, reference):
+        """The completion's final answer equals the reference's; no answer is never correct."""
+        got = self.final_answer(self.special_text.sub(" ", completion))
+        return got is not None and got == self.final_answer(reference)
