@@ -354,7 +354,8 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=2.0, t
     checkpoint["sbd"].update(k=best_k or max(ks), gamma_low=calibration[best_k]["low"] if best_k else None,
                              gamma_high=calibration[best_k]["high"] if best_k else None,
                              gammas={str(k): [c["low"], c["high"]] for k, c in calibration.items()},
-                             gamma_exact={str(k): c["exact"] for k, c in calibration.items()}, calibrated_on=task.name)
+                             gamma_exact={str(k): c["exact"] for k, c in calibration.items()},
+                             calibrated_on=getattr(task, "info", {}).get("val", f"the val split of {task.name}"))
     save_checkpoint(checkpoint, f"{out_dir}/ckpt_sbd.pt")
     baseline = rows[0][1]
     summary = dict(val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
