@@ -7,7 +7,8 @@ Grade the implementation assignments: run each one's tests (assignments.py) and 
 
 Works from any directory, in the repository or in a handout: it runs one pytest process per assignment in
 the repository root, found next to this file. An assignment's points are split equally over its listed
-tests; a listed test with several parametrized cases earns its share in proportion to the cases it passes.
+tests; a listed test with several parametrized cases earns its share in proportion to the cases it passes
+(a skipped case counts as not passed). List module-level test functions: a test inside a class is not found.
 The JSON has one entry per listed test: {"score", "tests": [{"name", "score", "max_score", "output"}]}, plus
 "execution_time" and each assignment's seconds in "extra_data".
 Exit status 0 when every graded test passed, 1 otherwise.

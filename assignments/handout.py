@@ -27,12 +27,14 @@ sys.path.insert(0, HERE)
 from assignments import ASSIGNMENTS, SPECS, STAFF_ONLY  # noqa: E402  (the list next to this file)
 
 
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
 def find_function(tree, qualname):
     """The FunctionDef of 'f' or 'Class.f' at the top level of a module, or None."""
     node = tree
     for part in qualname.split("."):
-        found = [n for n in getattr(node, "body", []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                        ast.ClassDef)) and n.name == part]
+        found = [n for n in getattr(node, "body", []) if isinstance(n, DEFINITIONS) and n.name == part]
         if not found:
             return None
         node = found[-1]  # a later definition replaces an earlier one, as when Python runs the file
@@ -158,10 +160,10 @@ def make_handout(dest, numbers, root=ROOT):
 
 def parse_numbers(text):
     known = {a["number"] for a in ASSIGNMENTS}
-    numbers = {int(n) for n in text.split(",") if n.strip()}
-    if not numbers or numbers - known:
+    items = [n.strip() for n in text.split(",") if n.strip()]
+    if not items or not all(n.isdigit() and int(n) in known for n in items):
         raise SystemExit(f"error: --assignments takes numbers from {sorted(known)}, got {text!r}")
-    return numbers
+    return {int(n) for n in items}
 
 
 if __name__ == "__main__":
