@@ -25,9 +25,10 @@ class ConfigError(ValueError):
 
 
 def config_keys(script_globals):
-    """The settings of a script: its public module-level globals of a plain type."""
-    return [k for k, v in script_globals.items()
-            if not k.startswith("_") and isinstance(v, CONFIG_TYPES) and not isinstance(v, types.ModuleType)]
+    """The settings of a script: its public module-level globals of a plain type. UPPER_CASE names are
+    constants of the module (e.g. evaluate.GAMMA_GRID), not settings."""
+    return [k for k, v in script_globals.items() if not k.startswith("_") and not k.isupper()
+            and isinstance(v, CONFIG_TYPES) and not isinstance(v, types.ModuleType)]
 
 
 def check_value(key, value, known, where):

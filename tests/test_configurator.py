@@ -11,7 +11,7 @@ def script_globals():
     """What a script's module-level settings look like, plus things that are not settings."""
     import math
     return dict(out_dir="out", batch_size=64, learning_rate=3e-4, compile=False, betas=(0.9, 0.95),
-                init_from=None, _private=1, math=math)
+                init_from=None, _private=1, math=math, GAMMA_GRID=[0.0, 0.1])
 
 
 def write_config(tmp_path, text):
@@ -25,7 +25,7 @@ def test_file_then_command_line_and_the_resolved_config_is_returned(tmp_path):
     path = write_config(tmp_path, "import os\nbatch_size = 8\nlearning_rate = 1e-3\n_helper = 'ignored'\n")
     config = configure(g, [path, "--batch_size=16", "--betas=(0.8, 0.9)"], print_config=False)
     assert config == dict(out_dir="out", batch_size=16, learning_rate=1e-3, compile=False, betas=(0.8, 0.9),
-                          init_from=None)  # settings only: no modules, no private names
+                          init_from=None)  # settings only: no modules, no private names, no CONSTANTS
     assert g["batch_size"] == 16 and g["learning_rate"] == 1e-3  # the script's globals are updated too
 
 

@@ -381,6 +381,27 @@ def test_sample_script(tmp_path):
     assert done.stdout.count("SBD k=8") == 2 and "forwards" in done.stdout and "vs NTP" in done.stdout
     failed = run_sample(tmp_path, "--ckpt=ntp", "--mode=sbd")
     assert failed.returncode != 0 and "not an SBD model" in failed.stderr
+    by_file = run_sample(tmp_path, f"--ckpt={tmp_path / 'ckpt_ntp.pt'}", "--mode=ntp", "--start=ab",
+                         "--num_samples=1", "--max_new_tokens=5")
+    assert by_file.returncode == 0 and "NTP: 5 tokens" in by_file.stdout, by_file.stderr
+    by_name = run_sample(tmp_path, "--ckpt=ckpt_ntp.pt", "--mode=ntp", "--start=ab", "--num_samples=1",
+                         "--max_new_tokens=5")
+    assert by_name.returncode == 0 and "NTP: 5 tokens" in by_name.stdout, by_name.stderr
+
+
+def test_sample_script_exact_mode(tmp_path):
+    sbd_info = {"mask_id": 1, "stop_ids": [0], "gamma_low": None, "gamma_high": None, "k": 8,
+                "gammas": {"8": [None, None]}, "gamma_exact": {"8": 1e9}}
+    write_checkpoint(tmp_path / "ckpt_sbd.pt", sbd_info)
+    exact = run_sample(tmp_path, "--start=ab", "--mode=both", "--num_samples=1", "--max_new_tokens=20",
+                       "--verify=True", "--show_steps=True")
+    assert exact.returncode == 0, exact.stderr
+    assert "exact SBD k=8 γ=1e+09" in exact.stdout and "rejected" in exact.stdout
+    assert "NTP decoding of the same prompt gives" not in exact.stdout  # the same text, by construction
+    fallback = run_sample(tmp_path, "--start=ab", "--mode=sbd", "--num_samples=1", "--max_new_tokens=8")
+    assert fallback.returncode == 0 and "no γ of k=8 stayed within the accuracy budget" in fallback.stdout
+    sampled = run_sample(tmp_path, "--start=ab", "--verify=True", "--temperature=0.8", "--num_samples=1")
+    assert sampled.returncode != 0 and "temperature=0" in sampled.stderr
 
 
 def test_bench_script_runs():
