@@ -39,10 +39,11 @@ from model import autodetect_device, load_checkpoint, save_checkpoint
 from sbd import format_steps, ntp_generate, sbd_generate
 from task import CharTask
 
-GAMMA_GRID = [0.0, 1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3, 1.0]
+GAMMA_GRID = [3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3, 1.0]  # below 3e-4: ~1 token/forward
+SATURATED = 1.02  # the sweep stops once a larger γ gains less than 2% tokens per forward
 # a real model is far less over-confident: around the paper's γ (reasoning 0.1 / 0.35, chat 0.35 / 0.6; SBD.md)
 LLAMA_GAMMA_GRID = [0.05, 0.1, 0.2, 0.35, 0.5, 0.6, 0.8, 1.0]
-EXACT_GRID = [0.01, 0.03, 0.1, 0.3, 1.0, 1e9]  # 1e9: every masked token at once, one forward per block
+EXACT_GRID = [0.01, 0.1, 1.0, 1e9]  # 1e9: every masked token at once, one forward per block
 EXACT_VAL_PROBLEMS = 200  # the exact mode's γ only sets its speed: a few hundred problems measure it well
 # what a setting left unset means: the small demo decodes a problem in milliseconds on a CPU, a Llama on a
 # benchmark in seconds on a GPU, so there the batch-1 parts (the exact mode's γ, the wall clock) use fewer problems
@@ -170,13 +171,15 @@ def calibrate(model, task, ntp_val_accuracy, k, low_target, high_target, grid=GA
               exact_val_problems=EXACT_VAL_PROBLEMS):
     """-> dict(low=γ or None, high=γ or None, exact=γ, sweep=[(γ, val acc, tok/fwd)], exact_sweep=[...])."""
     val, sweep = task.splits["val"], []
-    for g in grid:  # upward; once a γ loses more than high_target, no larger one can be chosen
+    for g in grid:  # upward, and no further than a γ could still be chosen and gain something:
         r = solve(model, task, val, "sbd", k, g, batch_size)
         sweep.append((g, r))
         print(f"  calibrate k={k:2d} γ={g:<7g} val accuracy {r['accuracy']:6.2f}%  "
               f"{tokens_per_forward(r):5.2f} tokens/forward")
         if r["accuracy"] < ntp_val_accuracy - high_target:
-            break
+            break  # no larger γ can be chosen (the rule of within_budget)
+        if len(sweep) > 1 and tokens_per_forward(r) < SATURATED * tokens_per_forward(sweep[-2][1]):
+            break  # a larger γ would only add risk: the block is about as fast as it gets (one forward per block)
     exact_sweep = []
     for g in EXACT_GRID:
         r = solve(model, task, val[:exact_val_problems], "exact", k, g)
@@ -248,28 +251,34 @@ def operating_point(calibration):
     return max(speed, key=speed.get) if speed else None
 
 
-def wall_clock(ntp_model, sbd_model, task, calibration, k, n):
-    """Seconds to decode the first n test problems one at a time: NTP, SBD at k's γ_low, exact SBD at k."""
+def exact_operating_point(calibration):
+    """The k whose exact mode decodes with the fewest forwards on val."""
+    return max(calibration, key=lambda k: max(tpf for _, tpf in calibration[k]["exact_sweep"]))
+
+
+def wall_clock(ntp_model, sbd_model, task, calibration, k, k_exact, n):
+    """Seconds to decode the first n test problems one at a time: NTP, SBD at k's γ_low (k None: no γ_low on
+    val), exact SBD at k_exact."""
     problems = task.splits["test"][:n]
-    chosen = calibration[k]
     wall = {"ntp": solve(ntp_model, task, problems, "ntp", batch_size=1)["seconds"]}
-    if chosen["low"] is not None:
-        wall["sbd"] = solve(sbd_model, task, problems, "sbd", k, chosen["low"], batch_size=1)["seconds"]
-    wall["exact"] = solve(sbd_model, task, problems, "exact", k, chosen["exact"])["seconds"]
     parts = [f"NTP {wall['ntp']:.2f} s"]
-    if "sbd" in wall:
-        parts.append(f"SBD k={k} γ={chosen['low']:g} {wall['sbd']:.2f} s ({wall['ntp'] / wall['sbd']:.2f}x)")
-    parts.append(f"exact SBD k={k} γ={chosen['exact']:g} {wall['exact']:.2f} s ({wall['ntp'] / wall['exact']:.2f}x)")
+    if k is not None:
+        g = calibration[k]["low"]
+        wall["sbd"] = solve(sbd_model, task, problems, "sbd", k, g, batch_size=1)["seconds"]
+        parts.append(f"SBD k={k} γ={g:g} {wall['sbd']:.2f} s ({wall['ntp'] / wall['sbd']:.2f}x)")
+    g = calibration[k_exact]["exact"]
+    wall["exact"] = solve(sbd_model, task, problems, "exact", k_exact, g)["seconds"]
+    parts.append(f"exact SBD k={k_exact} γ={g:g} {wall['exact']:.2f} s ({wall['ntp'] / wall['exact']:.2f}x)")
     print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache all): " + ", ".join(parts))
     return wall
 
 
-def step_views(sbd_model, task, calibration, k):
-    """One test problem step by step at k's γ_low (plain), and a problem where the exact mode rejected a draft."""
+def step_views(sbd_model, task, calibration, k, k_exact):
+    """One test problem step by step at k's γ_low (plain; k None: none), and a problem where the exact mode at
+    k_exact rejected a draft."""
     device = next(sbd_model.parameters()).device
-    chosen = calibration[k]
-    views = [("SBD", chosen["low"], False)] if chosen["low"] is not None else []
-    for name, g, verify in views + [("exact SBD", chosen["exact"], True)]:
+    views = [("SBD", k, calibration[k]["low"], False)] if k is not None else []
+    for name, k, g, verify in views + [("exact SBD", k_exact, calibration[k_exact]["exact"], True)]:
         for prompt, _ in task.splits["test"][:50]:
             ids = torch.tensor([task.encode_prompt(prompt)], device=device)
             _, stats = sbd_generate(sbd_model, ids, k, g, mask_id=task.mask_id, stop_ids=task.stop_ids, verify=verify,
@@ -346,9 +355,9 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=2.0, t
     best_k = operating_point(calibration)
     if best_k is None:
         print(f"\nno k has a γ within {low_target} points of NTP on val: sample.py defaults to the exact mode")
-    view_k = best_k or max(ks)
-    wall = wall_clock(ntp_model, sbd_model, task, calibration, view_k, timing_problems)
-    step_views(sbd_model, task, calibration, view_k)
+    exact_k = exact_operating_point(calibration)
+    wall = wall_clock(ntp_model, sbd_model, task, calibration, best_k, exact_k, timing_problems)
+    step_views(sbd_model, task, calibration, best_k, exact_k)
     picture = plot_sweep(calibration, ntp_val, os.path.join(out_dir, "sweep.png"))
 
     checkpoint["sbd"].update(k=best_k or max(ks), gamma_low=calibration[best_k]["low"] if best_k else None,
@@ -360,7 +369,7 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=2.0, t
     baseline = rows[0][1]
     summary = dict(val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
                    ntp_val_accuracy=ntp_val, budgets=dict(low=low_target, high=high_target),
-                   calibration={str(k): c for k, c in calibration.items()}, operating_k=best_k,
+                   calibration={str(k): c for k, c in calibration.items()}, operating_k=best_k, exact_k=exact_k,
                    rows=[dict(name=name, key=row_key(name), **({} if r is None else dict(
                        accuracy=r["accuracy"], delta=r["accuracy"] - baseline["accuracy"], forwards=r["forwards"],
                        tokens=r["tokens"], speedup=baseline["forwards"] / r["forwards"],
