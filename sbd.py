@@ -72,11 +72,14 @@ def hybrid_mask(q, k, block_start):
 
 
 def training_mask(L, k_block, phases, device=None, noisy_start=0):
-    """Dense (B, T, T) training masks, one per sequence phase (phases: (B,) long); T = 2L - noisy_start."""
+    """Dense (B, T, T) training masks, one per row's block size and phase (k_block: an int or (B,), phases:
+    (B,) long); T = 2L - noisy_start."""
     T = 2 * L - noisy_start
     q = torch.arange(T, device=device)[:, None]  # (T, 1)
     k = torch.arange(T, device=device)[None, :]  # (1, T)
-    return sbd_training_mask(q[None], k[None], L, k_block, phases[:, None, None], noisy_start)  # (B, T, T)
+    k_block = torch.as_tensor(k_block, device=device).expand(len(phases))  # (B,)
+    return sbd_training_mask(q[None], k[None], L, k_block[:, None, None], phases[:, None, None],
+                             noisy_start)  # (B, T, T)
 
 
 def training_block_mask(L, k_block, phases, noisy_start=0):
@@ -85,8 +88,8 @@ def training_block_mask(L, k_block, phases, noisy_start=0):
     k_block goes in as a tensor: compiled flex_attention specialises on Python ints in the mask function and
     would recompile for every block size drawn, while a tensor's value is free to change.
     """
-    k_block, T = torch.tensor(k_block, device=phases.device), 2 * L - noisy_start
-    return block_mask(lambda b, q, k: sbd_training_mask(q, k, L, k_block, phases[b], noisy_start), len(phases),
+    k_block, T = torch.as_tensor(k_block, device=phases.device).expand(len(phases)), 2 * L - noisy_start  # (B,)
+    return block_mask(lambda b, q, k: sbd_training_mask(q, k, L, k_block[b], phases[b], noisy_start), len(phases),
                       T, T, phases.device)
 
 
@@ -110,7 +113,8 @@ def add_noise(x, mask_id, maskable=None, generator=None):
 
 
 def first_noisy_position(maskable, k_block, phases):
-    """Where the noisy half may start: the start of the block that holds the first position any row may mask.
+    """Where the noisy half may start: the start of the block that holds the first position any row may mask
+    (k_block: an int, or (B,) for a block size per row).
 
     Noisy copies before it are never masked and no masked token's block reaches back to them, so no label and
     no attention reads them: leaving them out changes no logit that is read, only the cost (the demo's 13
@@ -127,8 +131,8 @@ def sbd_inputs(x, y, mask_id, k_block, phases, maskable=None, generator=None, fl
     """The SBD training forward's tokens, positions, mask and labels for clean x (B, L) with NTP targets y.
 
     The forward is [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}] with s = noisy_start (default:
-    first_noisy_position, 0 without maskable: the paper's 2L). Labels: clean position i -> y[i] (= x[i+1],
-    next token); noisy position i -> x[i] if masked, else ignored.
+    first_noisy_position, 0 without maskable: the paper's 2L). k_block: one block size, or (B,) one per row.
+    Labels: clean position i -> y[i] (= x[i+1], next token); noisy position i -> x[i] if masked, else ignored.
     Returns idx (B, T), pos (T,), mask (B, T, T) (a BlockMask of it if flex), labels (B, T); T = 2L - s.
     """
     B, L = x.shape

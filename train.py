@@ -52,8 +52,9 @@ ntp_lr = 2e-3
 # stage 2: SBD fine-tuning
 sbd_iters = 1700
 sbd_lr = 2e-3
-k_min = 2  # block size k ~ U{k_min..k_max}, drawn once per step (the paper: 2..16)
+k_min = 2  # block size k ~ U{k_min..k_max} (the paper: 2..16)
 k_max = 16
+k_per_row = False  # False: one k per step, as the paper's 8B runs; True: one per row, every step sees every size
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 loss_on_answer_only = True  # both losses and the noise only on the completion, as in instruction tuning
 block_phase = "answer"  # where noisy blocks start: 'answer' (the completion's start, like decoding), 'random', 'zero'
@@ -140,12 +141,13 @@ def get_batch(split, generator):
 
 
 def block_phases(answer, k, generator):
-    """(B,) position where noisy blocks start, mod k (see sbd.sbd_training_mask); answer (B, L) bool."""
+    """(B,) position where noisy blocks start, mod k (an int, or (B,) per row; see sbd.sbd_training_mask);
+    answer (B, L) bool."""
     if block_phase == "answer":  # decoding starts its first block right after the prompt
         return answer.int().argmax(dim=1) % k  # the first answer position of each row
-    if block_phase == "random":
-        return torch.randint(k, (len(answer),), generator=generator)
-    return torch.zeros(len(answer), dtype=torch.long)
+    if block_phase == "random":  # uniform in 0..k-1, per row
+        return (torch.rand(len(answer), generator=generator).to(answer.device) * k).long()
+    return torch.zeros(len(answer), dtype=torch.long, device=answer.device)
 
 
 def forward_loss(model, stage, x, y, answer, k, generator):
@@ -299,7 +301,8 @@ while iter_num < total_iters:
     # so a resumed run, on any number of ranks, draws exactly what an uninterrupted run would have
     rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
-    k = int(torch.randint(k_min, k_max + 1, (1,), generator=rng))  # one block size per step (SBD.md step 2)
+    k = torch.randint(k_min, k_max + 1, (batch_size if k_per_row else 1,), generator=rng)  # (B,) or one k
+    k = k.to(device) if k_per_row else int(k)  # SBD.md step 2 draws one per step
     for micro_step in range(gradient_accumulation_steps):
         if ddp and not fsdp:  # only synchronise gradients on the last micro-step (FSDP reduces them every time)
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
@@ -317,11 +320,12 @@ while iter_num < total_iters:
         dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
         t0 = time.time()
         tokens = batch_size * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
-        mtp_text = f", masked-token {mtp_loss.item():.4f} (k={k})" if mtp_loss is not None else ""
+        k_text = "per row" if k_per_row else k
+        mtp_text = f", masked-token {mtp_loss.item():.4f} (k={k_text})" if mtp_loss is not None else ""
         print(f"iter {iter_num} [{stage}]: loss {loss.item():.4f} (NTP {ntp_loss.item():.4f}{mtp_text}), "
               f"lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s")
         with open(log_path, "a") as f:
-            f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=k)) + "\n")
+            f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=None if k_per_row else k)) + "\n")
     iter_num += 1
     if iter_num == halt_after:
         break

@@ -75,6 +75,14 @@ def test_training_mask_follows_the_rules_per_row_phase(L, k, phases):
         assert torch.equal(masks[row], mask_by_the_rules(L, k, phase)), f"phase {phase}"
 
 
+def test_training_mask_with_a_block_size_per_row():
+    """train.py --k_per_row=True: row b's mask is the rules' mask for its own k and phase."""
+    L, ks, phases = 12, [2, 5, 16, 3], [1, 4, 0, 2]
+    masks = sbd.training_mask(L, torch.tensor(ks), torch.tensor(phases))
+    for row, (k, phase) in enumerate(zip(ks, phases)):
+        assert torch.equal(masks[row], mask_by_the_rules(L, k, phase)), f"row {row}: k={k}, phase {phase}"
+
+
 def test_labels_of_the_worked_example(monkeypatch):
     """noisy half [x1, m, x3, m | m, m, x7, m] -> noisy labels [-, x2, -, x4 | x5, x6, -, x8]."""
     M, _ = 99, IGNORE_INDEX
