@@ -72,4 +72,4 @@ compile = False  # flex_attention is compiled on its own either way
 log_interval = 10
 eval_interval = 250  # also writes ckpt_resume.pt (fp32 weights + AdamW state: ~16 GB on disk)
 eval_iters = 8
-report = False  # evaluate.py's Table-1 report grades the small synthetic tasks, not free-form chat
+report = False  # train.py's end-of-run report is the small task's; a Llama run: evaluate.py --benchmark=...

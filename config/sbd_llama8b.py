@@ -5,12 +5,13 @@
 # 8 GPUs (the recipe below; FSDP2: fp32 master weights sharded over the GPUs, bf16 compute):
 #   torchrun --standalone --nproc_per_node=8 train.py config/sbd_llama8b.py \
 #       --init_from=/models/Meta-Llama-3.1-8B-Instruct --dataset=/data/pairs.jsonl
-# 1 GPU (H200, or an 80 GB H100 with little to spare): no FSDP, so weights, gradients and AdamW state are all
-# bf16 (64 GB); a small batch, so a small learning rate (the paper's 3B SFT used 1e-5):
-#   python train.py config/sbd_llama8b.py --fsdp=False --batch_size=1 --gradient_accumulation_steps=16 \
-#       --sbd_lr=1e-5 --sbd_iters=1000 --init_from=/models/Meta-Llama-3.1-8B-Instruct --dataset=/data/pairs.jsonl
+# 1 GPU: not recommended for 8B. Without FSDP, train.py keeps weights, gradients and AdamW state in bf16 (64 GB,
+# fits an H200), but an AdamW step under half a bf16 spacing is rounded away: at a small-batch lr like 1e-5 a
+# weight of 0.02 (bf16 spacing 1.2e-4) never moves, and the run only looks like training. fp32 master state
+# (torchrun --nproc_per_node=1 with fsdp=True, as config/sbd_llama1b.py does) needs 16 B x 8.03B = 128 GB before
+# activations: more than one GPU holds. On one GPU, fine-tune Llama-3.2-1B or 3B (config/sbd_llama1b.py).
 # Then decode with the chat format, SBD against NTP:  python sample.py --out_dir=out-sbd-llama8b --start="..."
-# Resume either run with the same command plus --init_from=resume (the tokenizer path is in the checkpoint).
+# Resume with the same command plus --init_from=resume (the tokenizer path is in the checkpoint).
 #
 # Checkpoints: under FSDP every rank sends its shards to rank 0's CPU memory, which writes one ordinary file
 # (ckpt_sbd.pt with fp32 weights, 32 GB; ckpt_resume.pt adds the whole AdamW state, 96 GB: rank 0's host needs
@@ -42,7 +43,7 @@ gradient_accumulation_steps = 64  # 8 GPUs x 2 rows x 64 x 2048 tokens = 2.1M to
 
 # GPU settings
 dtype = "bfloat16"
-fsdp = True  # torchrun only; --fsdp=False for one GPU (or DDP of a model whose bf16 copy fits each GPU 4 times)
+fsdp = True  # torchrun only (fsdp=False: pure bf16 weights and AdamW state, see the 1-GPU note above)
 activation_checkpointing = True  # keep one block input per layer, recompute the rest in backward
 attention = "flex"  # the (B, 4096, 4096) SBD mask as a flex_attention BlockMask: SDPA with a dense mask and
 # grouped-query attention falls back to its math kernel, which stores every layer's full score matrix
@@ -51,4 +52,4 @@ compile = False  # flex_attention is compiled on its own either way
 log_interval = 10
 eval_interval = 250  # also writes ckpt_resume.pt
 eval_iters = 8
-report = False  # evaluate.py's Table-1 report grades the small synthetic tasks, not free-form chat
+report = False  # train.py's end-of-run report is the small task's; a Llama run: evaluate.py --benchmark=...
