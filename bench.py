@@ -192,6 +192,12 @@ def bench_sbd():
     print(f"{description}, {len(prompts)} prompts decoded one at a time, greedy, {torch.get_num_threads()} threads")
     print(f"forward times on a cache of {context}: t(1) = {1000 * t['1']:.2f} ms, t({kk}) = {1000 * t['k']:.2f} ms,"
           f" t({2 * kk}) = {1000 * t['2k']:.2f} ms; t({kk})/t(1) = {t['k'] / t['1']:.2f}")
+    roof = cpu_roofline_times(model, context, (1, kk, 2 * kk), t["1"])
+    if roof:
+        print(f"    roofline of this CPU + the per-call overhead t(1) leaves ({1000 * (t['1'] - roof['bare'][1]):.2f} ms):"
+              f" t({kk})/t(1) = {roof[kk] / roof[1]:.2f}, t({2 * kk})/t(1) = {roof[2 * kk] / roof[1]:.2f} "
+              f"(measured {t['k'] / t['1']:.2f}, {t['2k'] / t['1']:.2f}; the roofline alone "
+              f"{roof['bare'][kk] / roof['bare'][1]:.2f}, {roof['bare'][2 * kk] / roof['bare'][1]:.2f})")
     print(f"NTP: {n_tokens['ntp']} tokens in {nfe['ntp']} forwards, decode {decode_time['ntp']:.2f} s "
           f"({1000 * decode_time['ntp'] / n_tokens['ntp']:.2f} ms/token)")
     ntp_per_token = decode_time["ntp"] / n_tokens["ntp"]
@@ -207,13 +213,31 @@ def bench_sbd():
               f"l = {l:.2f} forwards per block{checked}), decode {decode_time[mode]:.2f} s "
               f"({1000 * measured:.2f} ms/token)")
         eq16 = kk * t["1"] / (t["2k"] + (l - 1) * t["k"])
+        if roof:
+            eq16 = f"{eq16:.2f}x; with the roofline's times {kk * roof[1] / (roof[2 * kk] + (l - 1) * roof[kk]):.2f}x"
+        else:
+            eq16 = f"{eq16:.2f}x"
         print(f"    NFE speed-up {(nfe['ntp'] / n_tokens['ntp']) / (nfe[mode] / n_tokens[mode]):.2f}x; wall clock vs "
               f"NTP: measured {ntp_per_token / measured:.2f}x, predicted from the forward times "
-              f"{t['1'] / predicted:.2f}x (Eq. 16 with l = {l:.2f}: {eq16:.2f}x); measured / predicted = "
+              f"{t['1'] / predicted:.2f}x (Eq. 16 with l = {l:.2f}: {eq16}); measured / predicted = "
               f"{(ntp_per_token / measured) / (t['1'] / predicted):.2f} (goal >= 0.8); time beyond the forwards: "
               f"{1000 * (decode_time[mode] - predicted * n_tokens[mode]) / nfe[mode]:.2f} ms per forward")
     same = all(a.tokens == b.tokens for a, b in zip(stats["ntp"], stats["exact"]))
     print(f"exact SBD output == NTP output on every prompt: {same}")
+
+
+def cpu_roofline_times(model, kv, ks, t1):
+    """{k: overhead + roofline(k)} for a GPT on this CPU (measured peak and bandwidth, fp32), the overhead being
+    what a measured 1-token forward t1 spends beyond its roofline; 'bare': the roofline alone. None for a Llama."""
+    if not hasattr(model, "transformer"):
+        return None
+    c = model.config
+    peak = peak_gflops * 1e9 or measure_peak()
+    bandwidth = bandwidth_gbs * 1e9 or measure_bandwidth(4 * sum(p.numel() for p in model.parameters()))
+    hw = dict(peak=peak, attention=peak, bandwidth=bandwidth, weight_bytes=4, kv_bytes=4)
+    shape = roofline.gpt_shape(c.n_layer, c.n_head, c.n_embd, c.vocab_size)
+    bare = {k: roofline.model_time(k, kv, 1, hw, shape) for k in ks}
+    return {**{k: t1 - bare[1] + bare[k] for k in ks}, "bare": bare}
 
 
 def best_time(fn, n):
