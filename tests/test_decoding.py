@@ -415,3 +415,34 @@ def test_bench_script_runs():
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "speed-up" in done.stdout
+
+# -----------------------------------------------------------------------------
+# the decode forward's fixed costs (issue 10): cut, with the same numbers
+
+
+def test_attention_bias_is_what_sdpa_makes_of_the_bool_mask():
+    """model.attention_bias converts a bool mask once per forward, as SDPA would in every layer: same output
+    to the bit; None and an additive bias pass through."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 7, 8, generator=g) for _ in range(3))
+    mask = dense_mask(lambda qi, ki: hybrid_mask(qi, ki, 3), 7, 7)  # (T, S)
+    bias = model_lib.attention_bias(mask, q.dtype)
+    assert bias.dtype == q.dtype and torch.equal(bias == 0, mask) and torch.equal(bias != 0, bias == float("-inf"))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(q, k, v, attn_mask=mask), sdpa(q, k, v, attn_mask=bias))
+    assert model_lib.attention_bias(None, q.dtype) is None and model_lib.attention_bias(bias, q.dtype) is bias
+
+
+def test_dropout_zero_builds_no_dropout_modules():
+    """An nn.Dropout that drops nothing still costs a call (9 per forward of the demo GPT): at p = 0 there are
+    none; at p > 0 there are, with the same state dict, the same eval logits, and dropout in training."""
+    plain = model_lib.build_model("gpt-tiny").eval()
+    dropping = model_lib.build_model("gpt-tiny", dropout=0.5)
+    assert not any(isinstance(mod, torch.nn.Dropout) for mod in plain.modules())
+    assert sum(isinstance(mod, torch.nn.Dropout) for mod in dropping.modules()) == 2 * dropping.config.n_layer + 1
+    dropping.load_state_dict(plain.state_dict())
+    idx = random_prompts(plain, 2, 9)
+    with torch.no_grad():
+        assert torch.equal(plain(idx)[0], dropping.eval()(idx)[0])
+        assert not torch.equal(plain(idx)[0], dropping.train()(idx)[0])
+
