@@ -187,7 +187,7 @@ def sort_masked(key, is_masked):
     Returns order (B, k), the block positions in that order with the unmasked ones last, and
     masked_sorted (B, k) bool, True where the sorted slot holds a masked position.
     """
-    key = key.masked_fill(~is_masked, float("inf"))  # unmasked positions sort last
+    key = torch.where(is_masked, key, float("inf"))  # unmasked positions sort last
     order = torch.sort(key, dim=1, stable=True).indices  # (B, k)
     return order, is_masked.gather(1, order)
 
@@ -203,7 +203,7 @@ def entropy_bound(h_sorted, masked_sorted, gamma):
     Entropies are >= 0, so the running sum only grows and the accepted slots are a prefix of the order;
     the first masked slot always passes (empty sum 0 <= γ), so every row with a mask reveals at least one.
     """
-    h = h_sorted.masked_fill(~masked_sorted, 0.0)  # (B, k)
+    h = torch.where(masked_sorted, h_sorted, 0.0)  # (B, k)
     before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): sum of the entropies ahead of each slot
     return masked_sorted & (before <= gamma)
 
@@ -449,7 +449,7 @@ def block_forward(model, cache, prev, block):
     block slot i stands for the token at position cache.length + n_prev + i and predicts the token AT it.
     """
     L, n_prev = cache.length, prev.size(1)
-    idx = torch.cat([prev, block], dim=1)  # (B, T), T = n_prev + kb
+    idx = torch.cat([prev, block], dim=1) if n_prev else block  # (B, T), T = n_prev + kb
     T = idx.size(1)
     mask = dense_mask(lambda q, k: hybrid_mask(q, k, L + n_prev), T, L + T, query_offset=L,
                       device=idx.device)  # (T, L + T)
@@ -463,7 +463,7 @@ def stop_reached(block, is_masked, stop):
     Such a row is finished: what follows its stop token is cut anyway, so waiting for those positions would
     only waste forwards (FINDINGS.md pitfall 3: the stop token is often revealed first).
     """
-    prefix_revealed = (~is_masked).int().cumprod(dim=1).bool()  # (B, kb)
+    prefix_revealed = is_masked.cumsum(dim=1) == 0  # (B, kb): no mask at or before the slot
     return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
 
 
@@ -576,50 +576,55 @@ def verified_generate(model, cache, prev, k, max_new_tokens, sampler, stop, pref
     out, steps = [], [] if record_steps else None  # out: verified tokens; prev[0, 0] is verified, the rest drafts
     nfe = accepted = rejected = wasted = final_checks = 0
     last = False  # prev is the row's last block (it holds the stop token or reaches max_new_tokens)
-    revealed_by = []  # for each slot of the block in prev: which of its forwards revealed it (0 = the first)
+    prev_steps = []  # decode_block's steps of the block in prev: which forward revealed which draft (read on a reject)
+    active = torch.ones(1, dtype=torch.bool, device=prev.device)
     while True:
         n_drafts = prev.size(1) - 1
         kb = 0 if last else min(k, max_new_tokens - len(out) - n_drafts)  # 0: a forward that only checks
         causal, logits = block_forward(model, cache, prev, prev.new_full((1, kb), sampler.mask_id))
         nfe, final_checks = nfe + 1, final_checks + last
-        ntp = suppress_mask(causal[0], sampler.mask_id).argmax(-1)  # (n_prev,): greedy NTP after each slot
-        n_ok = int((prev[0, 1:] == ntp[:-1]).int().cumprod(0).sum())  # drafts that match, from the left
-        check = Check(len(out), prev[0, 1:1 + n_ok].tolist(), prev[0, n_ok + 1:].tolist(), None)
-        out += prev[0, 1:1 + n_ok].tolist()
+        # the check is on at most k ints: two copies to the host per forward, then plain Python
+        ntp = suppress_mask(causal[0], sampler.mask_id).argmax(-1).tolist()  # greedy NTP's token after each slot
+        drafts = prev[0, 1:].tolist()
+        n_ok = next((i for i, (d, t) in enumerate(zip(drafts, ntp)) if d != t), n_drafts)  # right ones from the left
+        check = Check(len(out), drafts[:n_ok], drafts[n_ok:], None)
+        out += drafts[:n_ok]
         accepted += n_ok
         if n_ok < n_drafts:  # draft n_ok + 1 of the block is wrong: NTP's token replaces it
             cache.truncate(cache.length - (n_drafts - n_ok))  # keep the block up to the last right draft
             rejected += n_drafts - n_ok
-            wasted += sum(min(slots) > n_ok for slots in slots_per_forward(revealed_by))
-            out.append(int(ntp[n_ok]))
+            wasted += sum(min(slots) > n_ok for slots in slots_per_forward(first_reveals(prev_steps)))
+            out.append(ntp[n_ok])
             check.correction = out[-1]
             if record_steps:  # the new block is thrown away unseen
                 steps.append(Step(len(out), prev[:, :0].cpu(), prev[:, :0].bool().cpu(), check))
             if out[-1] in stop_ids or len(out) == max_new_tokens:
                 break
-            prev, last, revealed_by = ntp[n_ok].view(1, 1), False, []  # verified; the next forward commits it
+            prev, last, prev_steps = prev.new_tensor([[out[-1]]]), False, []  # verified; the next forward commits it
             continue
         if kb == 0:  # the last block checked out: done
             if record_steps:
                 steps.append(Step(len(out), prev[:, :0].cpu(), prev[:, :0].bool().cpu(), check))
             break
-        active = torch.ones(1, dtype=torch.bool, device=prev.device)
         block, _, block_nfe, block_steps = decode_block(model, cache, prev, kb, active, sampler, stop, causal, logits)
         nfe += int(block_nfe) - 1  # its first forward is the one counted above
         if record_steps:
             steps += [Step(len(out), tokens.cpu(), revealed.cpu(), check if i == 0 else None)
                       for i, (tokens, revealed) in enumerate(block_steps)]
-        out.append(int(block[0, 0]))  # reveal_first's token is NTP's: verified already
+        row = block[0].tolist()
+        out.append(row[0])  # reveal_first's token is NTP's: verified already
         if out[-1] in stop_ids or len(out) == max_new_tokens:
             break
-        n_keep = first_stop(block, stop_ids) + 1  # the row's last block ends at its stop token
-        prev, revealed_by = block[:, :n_keep], first_reveals(block_steps)
-        last = block[0, n_keep - 1].item() in stop_ids or len(out) + n_keep - 1 == max_new_tokens
+        n_keep = first_stop(row, stop_ids) + 1  # the row's last block ends at its stop token
+        prev, prev_steps = block[:, :n_keep], block_steps
+        last = row[n_keep - 1] in stop_ids or len(out) + n_keep - 1 == max_new_tokens
     return verified_finish(out, nfe, accepted, rejected, wasted, final_checks, prefill_stats, t0, steps)
 
 
 def first_reveals(block_steps):
-    """For each slot of a finished block (B=1): the index of the forward that revealed it."""
+    """For each slot of a finished block (B=1): the index of the forward that revealed it ([] for no steps)."""
+    if not block_steps:
+        return []
     revealed_by = [None] * block_steps[0][1].size(1)
     for i, (_, revealed) in enumerate(block_steps):
         for slot in torch.nonzero(revealed[0]).flatten().tolist():
@@ -636,9 +641,8 @@ def slots_per_forward(revealed_by):
     return [forwards[i] for i in sorted(forwards)]
 
 
-def first_stop(block, stop_ids):
-    """Index of the first stop token in block (1, kb), or kb - 1 if there is none (keep the whole block)."""
-    row = block[0].tolist()
+def first_stop(row, stop_ids):
+    """Index of the first stop token in a block's ids (a list), or the last index if there is none (keep it all)."""
     return next((i for i, t in enumerate(row) if t in stop_ids), len(row) - 1)
 
 

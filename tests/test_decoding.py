@@ -446,3 +446,13 @@ def test_dropout_zero_builds_no_dropout_modules():
         assert torch.equal(plain(idx)[0], dropping.eval()(idx)[0])
         assert not torch.equal(plain(idx)[0], dropping.train()(idx)[0])
 
+
+def test_stop_reached_by_hand():
+    """A row is finished when its block holds a stop token with no mask at or before it."""
+    block = torch.tensor([[5, 0, 7], [5, 0, 7], [0, 9, 9], [5, 6, 7], [5, 6, 0]])
+    is_masked = torch.tensor([[False, False, True],  # stop at 1, a mask only after it: finished
+                              [True, False, False],  # stop at 1, slot 0 still masked: not yet
+                              [False, True, True],  # stop first: finished
+                              [False, False, False],  # no stop token
+                              [False, True, False]])  # stop at 2 behind a mask
+    assert sbd.stop_reached(block, is_masked, torch.tensor([0])).tolist() == [True, False, True, False, False]
