@@ -416,6 +416,13 @@ class LlamaAttention(nn.Module):
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
     def forward(self, x, cos, sin, layer, mask, cache, n_commit):
+        """x (B, T, dim) -> (B, T, dim): attention with grouped-query attention.
+
+        q gets n_heads heads, k and v only n_kv_heads heads of head_dim each. q and k are rotated with
+        apply_rotary (so the cache holds rotated keys); k and v stay at n_kv_heads heads into attention(), which
+        lets each K/V head serve n_heads // n_kv_heads query heads and keeps the cache that small; wo projects
+        the heads back.
+        """
         B, T, C = x.size()
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)

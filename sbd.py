@@ -367,6 +367,8 @@ def check_prompt(model, prompt, n_slots):
         prompt = prompt[None]  # one prompt -> a batch of one
     if prompt.numel() == 0:
         raise ValueError("empty prompt: decoding needs at least one token to start from (e.g. a newline)")
+    if n_slots < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {n_slots}")
     if prompt.size(1) + n_slots > model.max_seq_len:
         raise ValueError(f"prompt of {prompt.size(1)} tokens + {n_slots} more positions is past the model's "
                          f"context of {model.max_seq_len} tokens: shorten the prompt or max_new_tokens")

@@ -141,14 +141,7 @@ ASSIGNMENTS = [
 
 # Docstrings for blanked functions that have none in the source: the handout puts this text in its place, so the
 # student still gets a specification. An entry for a function that has a docstring is an error (stale entry).
-SPECS = {
-    "model.py:LlamaAttention.forward": """x (B, T, dim) -> (B, T, dim): attention with grouped-query attention.
-
-q gets n_heads heads, k and v only n_kv_heads heads of head_dim each. Rotate q and k with apply_rotary
-(the cache then holds rotated keys), call attention(q, k, v, layer, mask, cache, n_commit, dropout_p=0.0)
-with k and v still at n_kv_heads heads (attention() lets each K/V head serve n_heads // n_kv_heads query
-heads and keeps the cache that small), and project the heads back with wo.""",
-}
+SPECS = {}
 
 # Files of the repository that a handout leaves out: checks for course staff, not for students.
 STAFF_ONLY = ["tests/test_assignments.py"]

@@ -185,6 +185,8 @@ def test_exact_step_view_marks_rejections():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(prompt=torch.zeros(2, 3, dtype=torch.long)), "one prompt at a time"),
     (dict(temperature=0.7), "temperature=0"),
+    (dict(max_new_tokens=0), "max_new_tokens must be at least 1"),
+    (dict(max_new_tokens=0, verify=False), "max_new_tokens must be at least 1"),
 ])
 def test_exact_errors(kwargs, message):
     m = random_model("gpt-tiny")
