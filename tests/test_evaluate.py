@@ -4,6 +4,8 @@ evaluate.py's calibration rule and seeds.py's summary, on hand-made sweeps and r
 
 import json
 
+import pytest
+
 import evaluate
 import seeds
 
@@ -49,3 +51,29 @@ def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
     assert "98.50 [98.00, 99.00]" in low_line and "8.00x [6.00x, 10.00x]" in low_line  # the two runs with a row
     assert "0.01 0.003 -" in low_line and "1 of 3 runs: no γ met the budget" in low_line
     assert "report time per run: 2.0 [1.0, 3.0] min" in out
+
+
+def hand_made_calibration():
+    return {8: dict(low=1e-3, high=2e-3, exact=1e9, sweep=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0)],
+                    exact_sweep=[(0.1, 6.3), (1e9, 6.5)]),
+            16: dict(low=None, high=None, exact=1e9, sweep=[(3e-4, 98.0, 1.7)], exact_sweep=[(0.1, 10.4), (1e9, 10.9)])}
+
+
+def test_sweep_picture_is_written_with_matplotlib(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = evaluate.plot_sweep(hand_made_calibration(), 99.9, str(tmp_path / "sweep.png"))
+    assert path and (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_picture_without_matplotlib_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    assert evaluate.plot_sweep(hand_made_calibration(), 99.9, str(tmp_path / "sweep.png")) is None
+    assert "pip install matplotlib" in capsys.readouterr().out and not (tmp_path / "sweep.png").exists()
