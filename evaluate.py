@@ -316,7 +316,7 @@ def plot_sweep(calibration, ntp_val_accuracy, path):
     ax.set_xlabel("tokens per forward (= NFE speed-up over NTP)")
     ax.set_ylabel("val accuracy (%)")
     ax.set_title("SBD: accuracy against forwards saved, one point per γ")
-    ax.legend(loc="lower left")
+    ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
