@@ -37,16 +37,17 @@ def summarize(out_dirs):
             reports.append(json.load(f))
     keys = list(dict.fromkeys(row["key"] for r in reports for row in r["rows"]))  # first-seen order
     print(f"\nTable 1 over {len(reports)} runs ({', '.join(out_dirs)}): mean [min, max]")
-    print(f"{'':22s} {'accuracy %':>22s} {'Δ vs NTP':>22s} {'NFE speed-up':>22s}  chosen γ per run")
+    print(f"{'':24s} {'accuracy %':>22s} {'Δ vs NTP':>22s} {'NFE speed-up':>22s}  chosen γ per run")
     for key in keys:
         rows = [next((row for row in r["rows"] if row["key"] == key), None) for r in reports]
         measured = [row for row in rows if row is not None and "accuracy" in row]
         cells = [spread([row[field] for row in measured], fmt) for field, fmt in
                  (("accuracy", "{:.2f}"), ("delta", "{:+.2f}"), ("speedup", "{:.2f}x"))]
         gammas = ["-" if row is None or "accuracy" not in row else row["name"].rsplit("=", 1)[-1] for row in rows]
+        gammas = [] if key.startswith("NTP") or key.endswith("NTP decoding") else gammas  # rows without a γ
         missing = len(reports) - len(measured)
         note = f"  ({missing} of {len(reports)} runs: no γ met the budget)" if missing else ""
-        print(f"{key:22s} {cells[0]:>22s} {cells[1]:>22s} {cells[2]:>22s}  {' '.join(gammas)}{note}")
+        print(f"{key:24s} {cells[0]:>22s} {cells[1]:>22s} {cells[2]:>22s}  {' '.join(gammas)}{note}")
     minutes = [r["seconds"] / 60 for r in reports]
     print(f"report time per run: {spread(minutes, '{:.1f}')} min")
 

@@ -51,6 +51,8 @@ def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
     assert "98.50 [98.00, 99.00]" in low_line and "8.00x [6.00x, 10.00x]" in low_line  # the two runs with a row
     assert "0.01 0.003 -" in low_line and "1 of 3 runs: no γ met the budget" in low_line
     assert "report time per run: 2.0 [1.0, 3.0] min" in out
+    ntp_line = next(line for line in out.splitlines() if line.startswith("NTP baseline"))
+    assert ntp_line.rstrip().endswith("1.00x [1.00x, 1.00x]")  # no γ column for a row without a γ
 
 
 def hand_made_calibration():
