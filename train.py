@@ -199,7 +199,10 @@ if fsdp:  # parameters, gradients and optimizer state sharded over the ranks, on
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                          get_optimizer_state_dict, set_optimizer_state_dict)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mixed = MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32)  # gradients summed in fp32
+    # gradients summed in fp32. The blocks' inputs are not cast: the rotary cos/sin stay fp32 (as without FSDP),
+    # and activation checkpointing sees the same dtypes when it recomputes a block in backward (torch 2.11 cast
+    # them in the forward but not in the recomputation, and the backward failed on the mismatch)
+    mixed = MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in raw_model.layers:
         fully_shard(block, mp_policy=mixed)
     fully_shard(raw_model, mp_policy=mixed)
@@ -322,8 +325,10 @@ while iter_num < total_iters:
         tokens = batch_size * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
         k_text = "per row" if k_per_row else k
         mtp_text = f", masked-token {mtp_loss.item():.4f} (k={k_text})" if mtp_loss is not None else ""
+        # the configs' memory estimates are checked against this: the most this process has held on its GPU so far
+        memory_text = f", peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if device_type == "cuda" else ""
         print(f"iter {iter_num} [{stage}]: loss {loss.item():.4f} (NTP {ntp_loss.item():.4f}{mtp_text}), "
-              f"lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s")
+              f"lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s{memory_text}")
         with open(log_path, "a") as f:
             f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=None if k_per_row else k)) + "\n")
     iter_num += 1
