@@ -96,6 +96,7 @@ class LeftPadded(torch.nn.Module):
         super().__init__()
         self.model, self.n_pad = model, n_pad  # n_pad (B,) on the model's device
         self.config, self.max_seq_len, self.new_cache = model.config, model.max_seq_len, model.new_cache
+        self.ntp_head = getattr(model, "ntp_head", True)
 
     def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
         B, T = idx.size()
@@ -344,6 +345,10 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=2.0, t
     task.splits = {split: problems[:max_problems] for split, problems in task.splits.items()}
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
+    if not getattr(sbd_model, "ntp_head", True):
+        print("this SBD model was trained without the NTP term (ntp_weight=0): its next-token head is untrained, so "
+              "SBD reveals each block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
+              "checks with that head, reproduces its NTP decoding")
     # the budgets count from the better NTP decoding on val: the baseline's, or the SBD model's own (which kept
     # training its NTP term), so that a weak baseline never lets a lossy γ through
     ntp_vals = [solve(m, task, task.splits["val"], "ntp", batch_size=batch_size)["accuracy"] for m in (ntp_model, sbd_model)]

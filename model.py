@@ -234,6 +234,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    ntp_head = True  # False: SBD-tuned without the NTP term, next-token logits untrained (has_trained_ntp_head)
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -458,6 +460,7 @@ class LlamaBlock(nn.Module):
 
 class Llama(nn.Module):
     activation_checkpointing = False  # train.py's switch: recompute each block's activations in backward
+    ntp_head = True  # False: SBD-tuned without the NTP term, next-token logits untrained (has_trained_ntp_head)
 
     def __init__(self, config):
         super().__init__()
@@ -568,6 +571,12 @@ def save_checkpoint(checkpoint, path):
     os.replace(tmp, path)  # atomic on POSIX and Windows
 
 
+def has_trained_ntp_head(checkpoint):
+    """False only for a model SBD-tuned without the NTP term (ntp_weight=0, the paper's ablation): its next-token
+    logits were never trained, so SBD decoding must not take tokens from them (sbd.sbd_generate, first_from_ntp)."""
+    return checkpoint.get("sbd") is None or (checkpoint.get("config") or {}).get("ntp_weight", 1.0) > 0
+
+
 def model_from_checkpoint(checkpoint, device):
     """Rebuild the model a train.py checkpoint describes ({'model_family', 'model_args', 'model'})."""
     family, args = checkpoint["model_family"], checkpoint["model_args"]
@@ -576,12 +585,14 @@ def model_from_checkpoint(checkpoint, device):
         model = GPT(GPTConfig(**args))
         check_state_dict(model, state, "checkpoint")
         model.load_state_dict(state, strict=True)
+        model.ntp_head = has_trained_ntp_head(checkpoint)
         return model.to(device)
     with torch.device("meta"):  # an 8B Llama: no random init, no second copy; keeps the checkpoint's dtype
         model = Llama(LlamaConfig(**args))
     check_state_dict(model, state, "checkpoint")
     model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
     model.inv_freq = rope_frequencies(model.config).to(device)  # a non-persistent buffer, still on meta
+    model.ntp_head = has_trained_ntp_head(checkpoint)
     return model
 
 

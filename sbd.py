@@ -479,12 +479,14 @@ def reveal_first(block, is_masked, causal, sampler):
     return block, is_masked & ~revealed, revealed
 
 
-def decode_block(model, cache, prev, kb, active, sampler, stop, causal_logits=None, logits=None):
+def decode_block(model, cache, prev, kb, active, sampler, stop, causal_logits=None, logits=None,
+                 first_from_ntp=True):
     """Algorithm 3: fill a block of kb masks for every active row; the first forward also commits prev.
 
-    Slot 0 comes from the first forward's causal logits (reveal_first); the reveal rule picks among the other
-    masked slots in that forward and in every later one (which feed the block alone). The batch runs forwards
-    until every active row's block is full; a row that reaches its stop token leaves at once.
+    Slot 0 comes from the first forward's causal logits (reveal_first; first_from_ntp=False: the paper's way,
+    slot 0 is a mask like the others); the reveal rule picks among the other masked slots in that forward and
+    in every later one (which feed the block alone). The batch runs forwards until every active row's block
+    is full; a row that reaches its stop token leaves at once.
     causal_logits, logits: the first forward, when the caller already ran it (exact mode).
     Returns block (B, kb), finished (B,) bool, nfe (B,) = forwards in which each row still had masks, and
     steps = [(block, revealed)] per forward.
@@ -498,8 +500,9 @@ def decode_block(model, cache, prev, kb, active, sampler, stop, causal_logits=No
             causal_logits, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, kb, V)
         nfe += is_masked.any(dim=1)
         revealed = torch.zeros_like(is_masked)
-        if prev.size(1):  # the first forward of the block: its causal logits give slot 0 exactly
+        if prev.size(1) and first_from_ntp:  # the first forward of the block: its causal logits give slot 0
             block, is_masked, revealed = reveal_first(block, is_masked, causal_logits, sampler)
+        if prev.size(1):
             prev = prev[:, :0]  # committed now: later forwards of this block feed the block alone
         block, by_rule = sampler.step(logits, block, is_masked)
         revealed |= by_rule
@@ -513,7 +516,7 @@ def decode_block(model, cache, prev, kb, active, sampler, stop, causal_logits=No
 
 @torch.inference_mode()
 def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_tokens=256, stop_ids=(),
-                 temperature=0.0, top_k=None, generator=None, record_steps=False, verify=False):
+                 temperature=0.0, top_k=None, generator=None, record_steps=False, verify=False, first_from_ntp=None):
     """Set Block Decoding through the KV cache (Algorithms 2 and 3 of the paper).
 
     prompt (B, T0), rows of equal length. Blocks of k tokens (the last one shorter if max_new_tokens says so)
@@ -521,15 +524,19 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
     REVEAL_RULES, threshold gamma: γ of the EB-Sampler, f of the factor rule) reveals some of them.
     The first forward of a block feeds [previous block ; block] and commits the previous block causally,
     later ones feed the block alone; nothing of a block's bidirectional forwards is ever cached. The first
-    forward's causal logits also give the block's first token exactly as NTP would (reveal_first).
+    forward's causal logits also give the block's first token exactly as NTP would (reveal_first), unless
+    first_from_ntp is False (None: model.ntp_head, False for a model SBD-tuned without the NTP term, whose
+    next-token logits were never trained; then slot 0 is revealed by the rule, as in the paper).
     Rows reveal independently: a row's greedy result is the same as decoding it alone (sampling draws from
     one random stream for the whole batch, so sampled rows are not). A row is done as soon
     as it has revealed a stop token and everything before it; it is cut after that stop token.
-    verify=True: exact mode (verified_generate): greedy, batch 1, output == ntp_generate's token for token.
+    verify=True: exact mode (verified_generate): greedy, batch 1, output == ntp_generate's token for token
+    (first_from_ntp does not apply: the exact mode's output is NTP decoding's by definition).
     Returns (tokens, stats): tokens[b] = row b's new ids up to and including its first stop token;
     stats.nfe[b] counts the decode forwards in which row b still had masks (record_steps: stats.steps).
     """
     check_sbd_args(model, k, gamma, rule, mask_id, stop_ids, temperature, verify)
+    first_from_ntp = getattr(model, "ntp_head", True) if first_from_ntp is None else first_from_ntp
     prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut to fit: no slack of k needed
     t0 = time.perf_counter()
     B, T0 = prompt.shape
@@ -546,7 +553,8 @@ def sbd_generate(model, prompt, k, gamma, rule="entropy", mask_id=None, max_new_
     steps, n_out = [] if record_steps else None, 0
     while n_out < max_new_tokens and not done.all():
         kb = min(k, max_new_tokens - n_out)
-        block, finished, block_nfe, block_steps = decode_block(model, cache, prev, kb, ~done, sampler, stop)
+        block, finished, block_nfe, block_steps = decode_block(model, cache, prev, kb, ~done, sampler, stop,
+                                                               first_from_ntp=first_from_ntp)
         if record_steps:
             steps += [Step(n_out, tokens.cpu(), revealed.cpu()) for tokens, revealed in block_steps]
         blocks.append(block)

@@ -20,7 +20,7 @@ import torch
 import model as model_lib
 import tiny_models
 import sbd
-from model import dense_mask
+from model import dense_mask, load_checkpoint
 from sbd import hybrid_mask
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -57,9 +57,10 @@ def reference_ntp(m, prompt_row, max_new_tokens, stop_ids=()):
 
 
 @torch.no_grad()
-def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=()):
+def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=(), first_from_ntp=True):
     """Greedy SBD of one row with no cache. Returns (tokens, forwards): forwards[i] = (block start,
-    sorted positions revealed) of the i-th forward."""
+    sorted positions revealed) of the i-th forward. first_from_ntp=False: the paper's Algorithm 3, where the
+    block's first slot is a mask like the others."""
     mask_id, seq, out, forwards = mask_id_of(m), list(prompt_row), [], []
     while len(out) < max_new_tokens:
         block = [mask_id] * min(k, max_new_tokens - len(out))
@@ -69,8 +70,9 @@ def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=()):
             logits = uncached_block_logits(m, seq + out, block)  # (kb, V)
             logits[:, mask_id] = float("-inf")
             revealed = [False] * len(block)
-            if first:  # the block's first token is NTP's greedy token after the prefix, revealed at once
-                block[0], masked[0], revealed[0], first = next_token(m, seq + out, mask_id), False, True, False
+            if first and first_from_ntp:  # the block's first token is NTP's greedy token after the prefix
+                block[0], masked[0], revealed[0] = next_token(m, seq + out, mask_id), False, True
+            first = False
             probs = torch.softmax(logits, dim=-1)[None]  # (1, kb, V)
             by_rule = sbd.REVEAL_RULES[rule](probs, torch.tensor([masked]), gamma)[0].tolist()
             for i, r in enumerate(by_rule):
@@ -145,6 +147,39 @@ def test_cached_sbd_equals_uncached(family, k, B):
     assert stats.tokens == [22] * B and stats.prefill_forwards == 1
     if k > 1:
         assert sum(stats.nfe) < 22 * B, "γ too small to test parallel reveals"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("B", [1, 3])
+def test_paper_first_slot_cached_equals_uncached(family, B):
+    """first_from_ntp=False (a model trained without the NTP term): slot 0 is revealed by the rule, and the
+    decode still equals the uncached reference; on these random models it differs from the default's."""
+    m = random_model(family)
+    prompts = random_prompts(m, B, 5, seed=7)
+    tokens, stats = sbd.sbd_generate(m, prompts, 4, GAMMA[family], mask_id=mask_id_of(m), max_new_tokens=22,
+                                     record_steps=True, first_from_ntp=False)
+    default, _ = sbd.sbd_generate(m, prompts, 4, GAMMA[family], mask_id=mask_id_of(m), max_new_tokens=22)
+    for b in range(B):
+        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 4, GAMMA[family], "entropy", 22,
+                                                 first_from_ntp=False)
+        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards
+    assert tokens != default
+
+
+def test_a_model_trained_without_the_ntp_term_decodes_without_its_ntp_head(tmp_path):
+    """A checkpoint whose run had ntp_weight=0 loads with model.ntp_head False, and sbd_generate then leaves
+    slot 0 to the rule by default; an NTP-stage checkpoint of the same run keeps its NTP head."""
+    m = random_model("gpt-tiny")
+    base = dict(model=m.state_dict(), model_family="gpt", model_args=dataclasses.asdict(m.config),
+                config=dict(ntp_weight=0.0))
+    torch.save(dict(base, sbd=dict(mask_id=mask_id_of(m), stop_ids=[])), tmp_path / "sbd.pt")
+    torch.save(dict(base, sbd=None), tmp_path / "ntp.pt")
+    no_ntp, _ = load_checkpoint(str(tmp_path / "sbd.pt"))
+    assert not no_ntp.ntp_head and load_checkpoint(str(tmp_path / "ntp.pt"))[0].ntp_head
+    prompts = random_prompts(m, 2, 5, seed=7)
+    args = dict(mask_id=mask_id_of(m), max_new_tokens=22)
+    assert sbd.sbd_generate(no_ntp, prompts, 4, GAMMA["gpt-tiny"], **args)[0] == \
+        sbd.sbd_generate(m, prompts, 4, GAMMA["gpt-tiny"], first_from_ntp=False, **args)[0]
 
 
 @pytest.mark.parametrize("rule", ["confidence", "factor"])
