@@ -171,7 +171,8 @@ def n_blocks(stats):
 
 def bench_sbd():
     model, prompts, mask_id, stop_ids, kk, g, g_exact, max_new, description = sbd_setup()
-    stats = {"ntp": [], "sbd": [], "exact": []} if g is not None else {"ntp": [], "exact": []}  # plain SBD: if it has a γ
+    modes = ["ntp", "sbd", "exact"] if g is not None else ["ntp", "exact"]  # plain SBD only if it has a γ
+    stats = {mode: [] for mode in modes}
     sbd.sbd_generate(model, prompts[0], kk, g_exact, rule, mask_id, 4)  # warm-up
     for prompt in prompts:  # interleave the modes, so that a slow moment of the machine hits them alike
         stats["ntp"].append(sbd.ntp_generate(model, prompt, max_new, stop_ids, mask_id=mask_id)[1])
@@ -204,9 +205,10 @@ def bench_sbd():
           f"({1000 * decode_time['ntp'] / n_tokens['ntp']:.2f} ms/token)")
     ntp_per_token = decode_time["ntp"] / n_tokens["ntp"]
     if g is None:
-        print(f"SBD k={kk}: not timed, no γ kept it within its accuracy budget on val (give --gamma to time it anyway)")
-    modes = ([("sbd", f"SBD k={kk} γ={g:g}")] if g is not None else []) + [("exact", f"exact SBD k={kk} γ={g_exact:g}")]
-    for mode, name in modes:
+        print(f"SBD k={kk}: not timed, no γ kept it within its accuracy budget on val (--gamma times it anyway)")
+    names = {"sbd": f"SBD k={kk} γ={g if g is not None else 0:g}", "exact": f"exact SBD k={kk} γ={g_exact:g}"}
+    for mode in [m for m in ("sbd", "exact") if m in stats]:
+        name = names[mode]
         widths = [sum(c) for c in zip(*(forward_widths(s) for s in stats[mode]))]
         predicted = (widths[0] * t["k"] + widths[1] * t["2k"]) / n_tokens[mode]  # seconds per token
         measured = decode_time[mode] / n_tokens[mode]
