@@ -8,9 +8,10 @@ The paper's Table 1 for a model with verifiable answers: accuracy and NFE speed-
 1. Calibrate γ on the val split (never test), for each block size k. Tiny models are over-confident, so the
    paper's γ values are far too high for them (FINDINGS.md); γ is swept over a grid instead, upward.
    γ_low is the largest γ such that no γ up to it loses more than low_target points of val accuracy against
-   NTP decoding (the better of the NTP baseline and the SBD model's own; γ_high: high_target points). "No γ up to it", not "this γ": the sweep is noisy and not
-   monotone, and a γ that passes by luck just past one that fails would not pass on test. A budget that no
-   γ meets with fewer forwards than NTP gets no row, and the report says so.
+   NTP decoding (the better of the NTP baseline and the SBD model's own; γ_high: high_target points). "No γ
+   up to it", not "this γ": the sweep is noisy and not monotone, and a γ that passes by luck just past one
+   that fails would not pass on test. A budget that no γ meets with fewer forwards than NTP gets no row, and
+   the report says so.
    The exact mode (verify=True) needs no budget, its accuracy is NTP's by construction: its γ is the one
    with the most tokens per forward on val.
    The chosen values go into ckpt_sbd.pt (sample.py uses them by default) and out_dir/report.json.
@@ -270,7 +271,8 @@ def wall_clock(ntp_model, sbd_model, task, calibration, k, k_exact, n):
     g = calibration[k_exact]["exact"]
     wall["exact"] = solve(sbd_model, task, problems, "exact", k_exact, g)["seconds"]
     parts.append(f"exact SBD k={k_exact} γ={g:g} {wall['exact']:.2f} s ({wall['ntp'] / wall['exact']:.2f}x)")
-    print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache all): " + ", ".join(parts))
+    print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache all): "
+          + ", ".join(parts))
     return wall
 
 
@@ -351,7 +353,8 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=2.0, t
               "checks with that head, reproduces its NTP decoding")
     # the budgets count from the better NTP decoding on val: the baseline's, or the SBD model's own (which kept
     # training its NTP term), so that a weak baseline never lets a lossy γ through
-    ntp_vals = [solve(m, task, task.splits["val"], "ntp", batch_size=batch_size)["accuracy"] for m in (ntp_model, sbd_model)]
+    ntp_vals = [solve(m, task, task.splits["val"], "ntp", batch_size=batch_size)["accuracy"]
+                for m in (ntp_model, sbd_model)]
     ntp_val = max(ntp_vals)
     print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline {ntp_vals[0]:.2f}%, "
           f"SBD model {ntp_vals[1]:.2f}%): "

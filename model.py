@@ -585,13 +585,13 @@ def model_from_checkpoint(checkpoint, device):
         model = GPT(GPTConfig(**args))
         check_state_dict(model, state, "checkpoint")
         model.load_state_dict(state, strict=True)
-        model.ntp_head = has_trained_ntp_head(checkpoint)
-        return model.to(device)
-    with torch.device("meta"):  # an 8B Llama: no random init, no second copy; keeps the checkpoint's dtype
-        model = Llama(LlamaConfig(**args))
-    check_state_dict(model, state, "checkpoint")
-    model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
-    model.inv_freq = rope_frequencies(model.config).to(device)  # a non-persistent buffer, still on meta
+        model = model.to(device)
+    else:
+        with torch.device("meta"):  # an 8B Llama: no random init, no second copy; keeps the checkpoint's dtype
+            model = Llama(LlamaConfig(**args))
+        check_state_dict(model, state, "checkpoint")
+        model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
+        model.inv_freq = rope_frequencies(model.config).to(device)  # a non-persistent buffer, still on meta
     model.ntp_head = has_trained_ntp_head(checkpoint)
     return model
 

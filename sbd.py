@@ -500,9 +500,9 @@ def decode_block(model, cache, prev, kb, active, sampler, stop, causal_logits=No
             causal_logits, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, kb, V)
         nfe += is_masked.any(dim=1)
         revealed = torch.zeros_like(is_masked)
-        if prev.size(1) and first_from_ntp:  # the first forward of the block: its causal logits give slot 0
-            block, is_masked, revealed = reveal_first(block, is_masked, causal_logits, sampler)
-        if prev.size(1):
+        if prev.size(1):  # the first forward of the block: its causal logits give slot 0 exactly
+            if first_from_ntp:
+                block, is_masked, revealed = reveal_first(block, is_masked, causal_logits, sampler)
             prev = prev[:, :0]  # committed now: later forwards of this block feed the block alone
         block, by_rule = sampler.step(logits, block, is_masked)
         revealed |= by_rule
