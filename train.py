@@ -45,6 +45,7 @@ dropout = 0.0
 bias = False
 # batches
 batch_size = 64  # sequences per micro-step
+sbd_batch_size = 0  # the SBD stage's, if different (0 = batch_size): half the rows buys twice the steps
 gradient_accumulation_steps = 1
 # stage 1: NTP pretraining
 ntp_iters = 1200
@@ -94,6 +95,9 @@ if attention not in ("sdpa", "flex"):
     raise ValueError(f"attention must be 'sdpa' or 'flex', got {attention!r}")
 if not 1 <= k_min <= k_max:
     raise ValueError(f"block sizes need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
+if batch_size < 1 or sbd_batch_size < 0:
+    raise ValueError(f"batch_size must be >= 1 and sbd_batch_size >= 0 (0 = batch_size), got {batch_size}, "
+                     f"{sbd_batch_size}")
 if block_phase not in ("answer", "random", "zero"):
     raise ValueError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
 if ntp_weight < 0 or ntp_iters < 0 or sbd_iters < 0:
@@ -134,9 +138,9 @@ data = {split: task.training_tensors(split, loss_on_answer_only) for split in ("
 L = task.seq_len
 
 
-def get_batch(split, generator):
+def get_batch(split, generator, rows):
     x, y, answer = data[split]
-    ix = torch.randint(len(x), (batch_size,), generator=generator)
+    ix = torch.randint(len(x), (rows,), generator=generator)
     return x[ix].to(device), y[ix].to(device), answer[ix].to(device)
 
 
@@ -244,7 +248,7 @@ def estimate_losses():
         generator = torch.Generator().manual_seed(seed)
         ntp, mtp = [], []
         for _ in range(eval_iters):
-            batch = get_batch(split, generator)
+            batch = get_batch(split, generator, batch_size)
             with autocast:
                 _, ntp_loss, mtp_loss = forward_loss(raw_model, "sbd", *batch, min(8, k_max), generator)
             ntp.append(ntp_loss.item())
@@ -304,13 +308,14 @@ while iter_num < total_iters:
     # so a resumed run, on any number of ranks, draws exactly what an uninterrupted run would have
     rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
-    k = torch.randint(k_min, k_max + 1, (batch_size if k_per_row else 1,), generator=rng)  # (B,) or one k
+    rows = batch_size if stage == "ntp" else sbd_batch_size or batch_size
+    k = torch.randint(k_min, k_max + 1, (rows if k_per_row else 1,), generator=rng)  # (B,) or one k
     k = k.to(device) if k_per_row else int(k)  # SBD.md step 2 draws one per step
     for micro_step in range(gradient_accumulation_steps):
         if ddp and not fsdp:  # only synchronise gradients on the last micro-step (FSDP reduces them every time)
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         with autocast:
-            loss, ntp_loss, mtp_loss = forward_loss(model, stage, *get_batch("train", rng), k, rng)
+            loss, ntp_loss, mtp_loss = forward_loss(model, stage, *get_batch("train", rng, rows), k, rng)
         scaler.scale(loss / gradient_accumulation_steps).backward()
     if grad_clip > 0:
         scaler.unscale_(optimizer)
@@ -322,7 +327,7 @@ while iter_num < total_iters:
     if iter_num % log_interval == 0 and master:
         dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
         t0 = time.time()
-        tokens = batch_size * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
+        tokens = rows * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
         k_text = "per row" if k_per_row else k
         mtp_text = f", masked-token {mtp_loss.item():.4f} (k={k_text})" if mtp_loss is not None else ""
         # the configs' memory estimates are checked against this: the most this process has held on its GPU so far
