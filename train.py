@@ -335,7 +335,8 @@ while iter_num < total_iters:
         print(f"iter {iter_num} [{stage}]: loss {loss.item():.4f} (NTP {ntp_loss.item():.4f}{mtp_text}), "
               f"lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s{memory_text}")
         with open(log_path, "a") as f:
-            f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=None if k_per_row else k)) + "\n")
+            f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=None if k_per_row else k,
+                                    rows=rows)) + "\n")
     iter_num += 1
     if iter_num == halt_after:
         break

@@ -248,8 +248,8 @@ def read_log(out_dir):
 def test_main_command_end_to_end(tmp_path):
     out = str(tmp_path / "out")
     t0 = time.time()
-    run = train(f"--out_dir={out}", "--ntp_iters=30", "--sbd_iters=30", *TINY, "--log_interval=5",
-                "--eval_interval=20", "--report_problems=20")
+    run = train(f"--out_dir={out}", "--ntp_iters=30", "--sbd_iters=30", *TINY, "--sbd_batch_size=4",
+                "--log_interval=5", "--eval_interval=20", "--report_problems=20")
     assert run.returncode == 0, run.stderr[-3000:]
     assert time.time() - t0 < 60
     assert os.path.exists(f"{out}/ckpt_ntp.pt") and os.path.exists(f"{out}/ckpt_sbd.pt")
@@ -259,6 +259,7 @@ def test_main_command_end_to_end(tmp_path):
     log = read_log(out)
     assert [r["iter"] for r in log] == list(range(0, 60, 5))
     assert [r["stage"] for r in log] == ["ntp"] * 6 + ["sbd"] * 6
+    assert [r["rows"] for r in log] == [8] * 6 + [4] * 6  # each stage its own batch size
     ntp, sbd_ = [r["loss"] for r in log[:6]], [r["loss"] for r in log[6:]]
     assert ntp[-1] < ntp[0] - 0.1 and sbd_[-1] < sbd_[0]
     _, checkpoint = model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
@@ -299,6 +300,7 @@ def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
     (["--k_min=8", "--k_max=4"], "block sizes need 1 <= k_min <= k_max, got k_min=8, k_max=4"),
     (["--block_phase=bogus"], "block_phase must be 'answer', 'random' or 'zero', got 'bogus'"),
     (["--ntp_weight=-1"], "ntp_weight, ntp_iters and sbd_iters must be >= 0"),
+    (["--sbd_batch_size=-2"], "batch_size must be >= 1 and sbd_batch_size >= 0 (0 = batch_size), got 64, -2"),
     (["--ntp_weight=heavy"], "config key 'ntp_weight' in the command line must be float, got str 'heavy'"),
 ])
 def test_bad_settings_are_clear_errors(tmp_path, args, message):
