@@ -185,8 +185,8 @@ def test_main_command_fails_only_with_the_assignment(name, handouts, addition_da
         if not os.path.exists(os.path.join(directory, "data", "addition", f)):
             shutil.copy(os.path.join(addition_data, f), os.path.join(directory, "data", "addition", f))
     done = run(["train.py", "config/sbd_small.py", f"--out_dir={tmp_path}", "--ntp_iters=2", "--sbd_iters=2",
-                "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--eval_interval=100",
-                "--report_problems=2"], cwd=directory)
+                "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--sbd_batch_size=8",
+                "--eval_interval=100", "--report_problems=2"], cwd=directory)
     if not set(numbers) & ON_MAIN_PATH:
         assert done.returncode == 0, done.stderr[-3000:]
         return

@@ -231,7 +231,7 @@ def test_training_forward_equals_decoding_forward(family, k):
 # 9-11: train.py end to end
 
 
-TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--batch_size=8"]
+TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--batch_size=8", "--sbd_batch_size=4"]
 
 
 def train(*args, timeout=120):
@@ -248,8 +248,8 @@ def read_log(out_dir):
 def test_main_command_end_to_end(tmp_path):
     out = str(tmp_path / "out")
     t0 = time.time()
-    run = train(f"--out_dir={out}", "--ntp_iters=30", "--sbd_iters=30", *TINY, "--sbd_batch_size=4",
-                "--log_interval=5", "--eval_interval=20", "--report_problems=20")
+    run = train(f"--out_dir={out}", "--ntp_iters=30", "--sbd_iters=30", *TINY, "--log_interval=5",
+                "--eval_interval=20", "--report_problems=20")
     assert run.returncode == 0, run.stderr[-3000:]
     assert time.time() - t0 < 60
     assert os.path.exists(f"{out}/ckpt_ntp.pt") and os.path.exists(f"{out}/ckpt_sbd.pt")
