@@ -2,7 +2,7 @@
 # A 0.8M-parameter GPT learns column addition written out as a reasoning trace (data/addition), first
 # with next-token prediction (the baseline), then SBD fine-tuning of the same weights; at the end
 # evaluate.py calibrates γ on val and prints the paper's Table 1 on the held-out test problems.
-# About 14 minutes on 2 CPU cores (README: which CPU); any value can be overridden (--sbd_iters=500).
+# About 15 minutes on 2 CPU cores (README: which CPU); any value can be overridden (--sbd_iters=500).
 out_dir = "out-sbd-small"
 dataset = "addition"
 
