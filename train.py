@@ -23,7 +23,7 @@ import time
 from contextlib import nullcontext
 
 import torch
-from torch.distributed import destroy_process_group, init_process_group
+from torch.distributed import barrier, destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
@@ -357,5 +357,6 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
                 evaluate.report(out_dir, device=device, max_problems=report_problems or None)
     elif master:
         print(f"halted after iteration {iter_num}; continue with --init_from=resume")
-if ddp:
+if ddp:  # wait for rank 0's checkpoint writing first: a rank that tears gloo down early can abort the others
+    barrier()
     destroy_process_group()
