@@ -98,6 +98,7 @@ if not 1 <= k_min <= k_max:
 if batch_size < 1 or sbd_batch_size < 0:
     raise ValueError(f"batch_size must be >= 1 and sbd_batch_size >= 0 (0 = batch_size), got {batch_size}, "
                      f"{sbd_batch_size}")
+sbd_batch_size = sbd_batch_size or batch_size  # resolved once (the saved config keeps what the user wrote)
 if block_phase not in ("answer", "random", "zero"):
     raise ValueError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
 if ntp_weight < 0 or ntp_iters < 0 or sbd_iters < 0:
@@ -308,7 +309,7 @@ while iter_num < total_iters:
     # so a resumed run, on any number of ranks, draws exactly what an uninterrupted run would have
     rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
-    rows = batch_size if stage == "ntp" else sbd_batch_size or batch_size
+    rows = batch_size if stage == "ntp" else sbd_batch_size
     k = torch.randint(k_min, k_max + 1, (rows if k_per_row else 1,), generator=rng)  # (B,) or one k
     k = k.to(device) if k_per_row else int(k)  # SBD.md step 2 draws one per step
     for micro_step in range(gradient_accumulation_steps):
