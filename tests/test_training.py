@@ -266,6 +266,23 @@ def test_main_command_end_to_end(tmp_path):
     assert checkpoint["sbd"]["gamma_low"] is not None  # the report stored its calibrated γ
 
 
+def test_block_sizes_are_drawn_from_k_min_to_k_max(tmp_path):
+    """SBD steps draw k in {k_min..k_max}, every value can come up; NTP steps draw one too (unused), so the
+    batches of an NTP stage do not depend on the SBD stage's k range (README Notes: runs resumed at the switch)."""
+    out = str(tmp_path)
+    run = train(f"--out_dir={out}", "--ntp_iters=2", "--sbd_iters=12", *TINY, "--k_min=5", "--k_max=6",
+                "--log_interval=1", "--eval_interval=100", "--report=False")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ks = [r["k"] for r in read_log(out) if r["stage"] == "sbd"]
+    assert len(ks) == 12 and set(ks) == {5, 6}
+    other = str(tmp_path / "other")
+    run = train(f"--out_dir={other}", "--ntp_iters=2", "--sbd_iters=0", *TINY, "--k_min=2", "--k_max=16",
+                "--log_interval=1", "--report=False")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ntp_losses = [[r["loss"] for r in read_log(d) if r["stage"] == "ntp"] for d in (out, other)]
+    assert len(ntp_losses[0]) == 2 and ntp_losses[0] == ntp_losses[1]
+
+
 RESUME = ["--ntp_iters=4", "--sbd_iters=4", *TINY, "--log_interval=1", "--eval_interval=2", "--report=False"]
 
 
