@@ -1,7 +1,7 @@
 """
 Pretrain a small GPT with next-token prediction, then fine-tune the same weights with Set Block Decoding.
 
-    python train.py config/sbd_small.py                    # both stages + the Table-1 report, ~15 min on 2 CPU cores
+    python train.py config/sbd_small.py                    # both stages + the Table-1 report, ~14 min on 2 CPU cores
     python train.py config/sbd_small.py --sbd_iters=500    # any setting can be overridden
     python train.py config/sbd_small.py --init_from=resume # continue exactly where a run stopped
     torchrun --standalone --nproc_per_node=8 train.py config/sbd_small.py   # DDP
