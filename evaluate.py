@@ -316,8 +316,9 @@ def plot_sweep(calibration, ntp_val_accuracy, path):
             if g is not None:
                 acc = dict((g_, a) for g_, a, _ in c["sweep"])[g]
                 ax.plot(tpf[g], acc, marker, color=line.get_color(), markersize=12, markerfacecolor="none")
-                if name == "high" or g != c["high"]:  # a γ that is both gets one label, not two on top of each other
-                    text = "γ_low=γ_high" if name == "high" and g == c["low"] else f"γ_{name}"
+                both = c["low"] == c["high"]  # one γ that is both gets one label, not two on top of each other
+                if name == "high" or not both:
+                    text = "γ_low=γ_high" if both else f"γ_{name}"
                     ax.annotate(f"{text}={g:g}", (tpf[g], acc), textcoords="offset points", xytext=(6, -12))
         best = max(t for _, t in c["exact_sweep"])
         ax.plot(best, ntp_val_accuracy, "*", color=line.get_color(), markersize=14, label=f"exact SBD k={k}")

@@ -267,8 +267,8 @@ def test_main_command_end_to_end(tmp_path):
 
 
 def test_block_sizes_are_drawn_from_k_min_to_k_max(tmp_path):
-    """SBD steps draw k in {k_min..k_max}, every value can come up; NTP steps draw one too (unused), so the
-    batches of an NTP stage do not depend on the SBD stage's k range (README Notes: runs resumed at the switch)."""
+    """SBD steps draw k in {k_min..k_max}, every value can come up; NTP steps draw one too (unused), and the
+    NTP stage's batches do not depend on the k range, so SBD-stage experiments can share one NTP stage."""
     out = str(tmp_path)
     run = train(f"--out_dir={out}", "--ntp_iters=2", "--sbd_iters=12", *TINY, "--k_min=5", "--k_max=6",
                 "--log_interval=1", "--eval_interval=100", "--report=False")
