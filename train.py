@@ -53,8 +53,9 @@ ntp_lr = 2e-3
 # stage 2: SBD fine-tuning
 sbd_iters = 1700
 sbd_lr = 2e-3
-k_min = 2  # block size k ~ U{k_min..k_max} (the paper: 2..16)
+k_min = 2  # block size k ~ U{k_min, k_min + k_step, ..., k_max} per step (the paper: U{2..16}, k_step 1)
 k_max = 16
+k_step = 1
 k_per_row = False  # False: one k per step, as the paper's 8B runs; True: one per row, every step sees every size
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 loss_on_answer_only = True  # both losses and the noise only on the completion, as in instruction tuning
@@ -95,6 +96,9 @@ if attention not in ("sdpa", "flex"):
     raise ValueError(f"attention must be 'sdpa' or 'flex', got {attention!r}")
 if not 1 <= k_min <= k_max:
     raise ValueError(f"block sizes need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
+if k_step < 1 or (k_max - k_min) % k_step:
+    raise ValueError(f"k_step must be >= 1 and divide k_max - k_min (k runs from k_min to k_max in steps of k_step), "
+                     f"got k_min={k_min}, k_max={k_max}, k_step={k_step}")
 if batch_size < 1 or sbd_batch_size < 0:
     raise ValueError(f"batch_size must be >= 1 and sbd_batch_size >= 0 (0 = batch_size), got {batch_size}, "
                      f"{sbd_batch_size}")
@@ -310,7 +314,8 @@ while iter_num < total_iters:
     rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
     rows = batch_size if stage == "ntp" else sbd_batch_size
-    k = torch.randint(k_min, k_max + 1, (rows if k_per_row else 1,), generator=rng)  # (B,) or one k
+    n_sizes = (k_max - k_min) // k_step + 1
+    k = k_min + k_step * torch.randint(0, n_sizes, (rows if k_per_row else 1,), generator=rng)  # (B,) or one k
     k = k.to(device) if k_per_row else int(k)  # SBD.md step 2 draws one per step
     for micro_step in range(gradient_accumulation_steps):
         if ddp and not fsdp:  # only synchronise gradients on the last micro-step (FSDP reduces them every time)

@@ -283,6 +283,14 @@ def test_block_sizes_are_drawn_from_k_min_to_k_max(tmp_path):
     assert len(ntp_losses[0]) == 2 and ntp_losses[0] == ntp_losses[1]
 
 
+def test_k_step_draws_every_kth_block_size(tmp_path):
+    """k_step=4 from 4 to 12: k in {4, 8, 12} and nothing between (config/sbd_small.py trains on {8, 16})."""
+    run = train(f"--out_dir={tmp_path}", "--ntp_iters=0", "--sbd_iters=20", *TINY, "--k_min=4", "--k_max=12",
+                "--k_step=4", "--log_interval=1", "--eval_interval=100", "--report=False")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert {r["k"] for r in read_log(tmp_path) if r["stage"] == "sbd"} == {4, 8, 12}
+
+
 RESUME = ["--ntp_iters=4", "--sbd_iters=4", *TINY, "--log_interval=1", "--eval_interval=2", "--report=False"]
 
 
@@ -315,6 +323,8 @@ def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
     (["--dataset=nope"], "unknown dataset 'nope'"),
     (["--k_min=0"], "block sizes need 1 <= k_min <= k_max, got k_min=0, k_max=16"),
     (["--k_min=8", "--k_max=4"], "block sizes need 1 <= k_min <= k_max, got k_min=8, k_max=4"),
+    (["--k_min=8", "--k_step=3"], "k_step must be >= 1 and divide k_max - k_min"),
+    (["--k_step=0"], "k_step must be >= 1 and divide k_max - k_min"),
     (["--block_phase=bogus"], "block_phase must be 'answer', 'random' or 'zero', got 'bogus'"),
     (["--ntp_weight=-1"], "ntp_weight, ntp_iters and sbd_iters must be >= 0"),
     (["--sbd_batch_size=-2"], "batch_size must be >= 1 and sbd_batch_size >= 0 (0 = batch_size), got 64, -2"),
