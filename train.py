@@ -99,6 +99,7 @@ if not 1 <= k_min <= k_max:
 if k_step < 1 or (k_max - k_min) % k_step:
     raise ValueError(f"k_step must be >= 1 and divide k_max - k_min (k runs from k_min to k_max in steps of k_step), "
                      f"got k_min={k_min}, k_max={k_max}, k_step={k_step}")
+n_sizes = (k_max - k_min) // k_step + 1  # block sizes k_min, k_min + k_step, ..., k_max
 if batch_size < 1 or sbd_batch_size < 0:
     raise ValueError(f"batch_size must be >= 1 and sbd_batch_size >= 0 (0 = batch_size), got {batch_size}, "
                      f"{sbd_batch_size}")
@@ -314,7 +315,6 @@ while iter_num < total_iters:
     rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
     rows = batch_size if stage == "ntp" else sbd_batch_size
-    n_sizes = (k_max - k_min) // k_step + 1
     k = k_min + k_step * torch.randint(0, n_sizes, (rows if k_per_row else 1,), generator=rng)  # (B,) or one k
     k = k.to(device) if k_per_row else int(k)  # SBD.md step 2 draws one per step
     for micro_step in range(gradient_accumulation_steps):
