@@ -57,6 +57,7 @@ k_min = 2  # block size k ~ U{k_min, k_min + k_step, ..., k_max} per step (the p
 k_max = 16
 k_step = 1
 k_per_row = False  # False: one k per step, as the paper's 8B runs; True: one per row, every step sees every size
+ema_decay = 0.0  # > 0: ckpt_sbd.pt holds an exponential moving average of the SBD stage's weights (not with fsdp)
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 loss_on_answer_only = True  # both losses and the noise only on the completion, as in instruction tuning
 block_phase = "answer"  # where noisy blocks start: 'answer' (the completion's start, like decoding), 'random', 'zero'
@@ -108,6 +109,8 @@ if block_phase not in ("answer", "random", "zero"):
     raise ValueError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
 if ntp_weight < 0 or ntp_iters < 0 or sbd_iters < 0:
     raise ValueError("ntp_weight, ntp_iters and sbd_iters must be >= 0")
+if not 0 <= ema_decay < 1 or ema_decay and fsdp:
+    raise ValueError(f"ema_decay must be in [0, 1) (0 = off) and is not supported with fsdp, got {ema_decay}")
 
 # distributed setup: under torchrun each process trains on its own batches, gradients are averaged
 ddp = int(os.environ.get("RANK", -1)) != -1
@@ -192,7 +195,7 @@ model.activation_checkpointing = activation_checkpointing  # a Llama switch (GPT
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, device {device}")
 
 iter_num, stage = 0, "ntp" if ntp_iters > 0 else "sbd"
-checkpoint = None
+checkpoint = ema = None  # ema: {parameter name: its moving average} in the SBD stage when ema_decay > 0
 if init_from == "resume":
     if not os.path.exists(resume_path):
         raise FileNotFoundError(f"init_from=resume but there is no {resume_path}; start with init_from=scratch")
@@ -202,6 +205,8 @@ if init_from == "resume":
                          f"{model_args}; use the run's original config")
     model.load_state_dict(checkpoint["model"])
     iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
+    if ema_decay and "ema" in checkpoint:  # cloned: the checkpoint's tensors are memory-mapped from its file
+        ema = {name: average.clone() for name, average in checkpoint["ema"].items()}
 raw_model = model
 if compile:
     model = torch.compile(model)
@@ -233,6 +238,25 @@ if checkpoint is not None and fsdp:  # the full state, keyed by parameter name: 
 elif checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
 checkpoint = None  # free memory
+
+
+def new_ema():
+    """The moving average starts at the weights the SBD stage starts from."""
+    return {name: p.detach().float().clone() for name, p in raw_model.named_parameters()} if ema_decay else None
+
+
+def update_ema():
+    """ema <- ema_decay * ema + (1 - ema_decay) * weights, after every SBD step. With a decay of 0.998 the
+    average spans the last ~500 steps: it smooths the step-to-step wander the cosine tail leaves in the weights."""
+    with torch.no_grad():
+        for name, p in raw_model.named_parameters():
+            ema[name].lerp_(p.float(), 1 - ema_decay)
+
+
+if stage == "sbd" and ema_decay and ema is None:
+    if iter_num > ntp_iters:
+        raise ValueError(f"{resume_path} is in its SBD stage without a moving average; resume it with ema_decay=0")
+    ema = new_ema()
 
 
 def lr_at(it):
@@ -284,7 +308,7 @@ def save_stage(name, sbd_meta):
 def save_resume():
     """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by parameter name."""
     optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL) if fsdp else optimizer.state_dict()
-    checkpoint = dict(stage_checkpoint(), stage=stage, optimizer=optimizer_state)
+    checkpoint = dict(stage_checkpoint(), stage=stage, optimizer=optimizer_state, **({"ema": ema} if ema else {}))
     if master:
         save_checkpoint(checkpoint, resume_path)
 
@@ -299,6 +323,7 @@ while iter_num < total_iters:
         if master:
             print(f"saved the NTP baseline to {out_dir}/ckpt_ntp.pt; starting SBD fine-tuning")
         stage, optimizer = "sbd", new_optimizer("sbd")
+        ema = new_ema()
 
     if iter_num % eval_interval == 0 and (master or fsdp) and iter_num > 0:  # FSDP: every rank takes part
         losses = estimate_losses()
@@ -329,6 +354,8 @@ while iter_num < total_iters:
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
+    if ema is not None:
+        update_ema()
 
     if iter_num % log_interval == 0 and master:
         dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
@@ -355,6 +382,10 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
         else:  # a Llama starts from the paper's chat γ values; evaluate.py calibrates the small tasks' own
             sbd_meta = dict(mask_id=task.mask_id, stop_ids=task.stop_ids, k=16, gamma_low=0.35 if llama else None,
                             gamma_high=0.6 if llama else None)
+            if ema is not None:  # the SBD model is the average (ckpt_resume.pt above kept the last weights)
+                with torch.no_grad():
+                    for name, p in raw_model.named_parameters():
+                        p.copy_(ema[name])
             save_stage("sbd", sbd_meta)
             if master:
                 print(f"saved the SBD model to {out_dir}/ckpt_sbd.pt")

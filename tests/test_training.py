@@ -291,6 +291,26 @@ def test_k_step_draws_every_kth_block_size(tmp_path):
     assert {r["k"] for r in read_log(tmp_path) if r["stage"] == "sbd"} == {4, 8, 12}
 
 
+def test_ema_is_the_moving_average_of_the_sbd_weights(tmp_path):
+    """ema_decay=d: ckpt_sbd.pt = d² w_ntp + d (1 - d) w_1 + (1 - d) w_2 after two SBD steps, with w_1 the
+    weights a run halted after the first SBD step saved and w_2 the last weights (ckpt_resume.pt keeps them);
+    the halted-and-resumed run ends with exactly the uninterrupted run's average."""
+    args = ["--ntp_iters=2", "--sbd_iters=2", *TINY, "--ema_decay=0.6", "--eval_interval=100", "--report=False"]
+    halted, straight = str(tmp_path / "halted"), str(tmp_path / "straight")
+    run = train(f"--out_dir={halted}", *args, "--halt_after=3")
+    assert run.returncode == 0, run.stderr[-3000:]
+    w1 = torch.load(f"{halted}/ckpt_resume.pt", weights_only=True)["model"]
+    assert train(f"--out_dir={halted}", *args, "--init_from=resume").returncode == 0
+    assert train(f"--out_dir={straight}", *args).returncode == 0
+    load = lambda out, name: torch.load(f"{out}/{name}", weights_only=True)["model"]
+    w0, w2, average = load(straight, "ckpt_ntp.pt"), load(straight, "ckpt_resume.pt"), load(straight, "ckpt_sbd.pt")
+    for name in average:
+        expected = 0.36 * w0[name] + 0.24 * w1[name] + 0.4 * w2[name]
+        assert torch.allclose(average[name], expected, atol=1e-6), name
+        assert torch.equal(load(halted, "ckpt_sbd.pt")[name], average[name]), name
+    assert not all(torch.equal(average[name], w2[name]) for name in average)  # the average is not the last weights
+
+
 RESUME = ["--ntp_iters=4", "--sbd_iters=4", *TINY, "--log_interval=1", "--eval_interval=2", "--report=False"]
 
 
@@ -325,6 +345,7 @@ def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
     (["--k_min=8", "--k_max=4"], "block sizes need 1 <= k_min <= k_max, got k_min=8, k_max=4"),
     (["--k_min=8", "--k_step=3"], "k_step must be >= 1 and divide k_max - k_min"),
     (["--k_step=0"], "k_step must be >= 1 and divide k_max - k_min"),
+    (["--ema_decay=1"], "ema_decay must be in [0, 1) (0 = off)"),
     (["--block_phase=bogus"], "block_phase must be 'answer', 'random' or 'zero', got 'bogus'"),
     (["--ntp_weight=-1"], "ntp_weight, ntp_iters and sbd_iters must be >= 0"),
     (["--sbd_batch_size=-2"], "batch_size must be >= 1 and sbd_batch_size >= 0 (0 = batch_size), got 64, -2"),
