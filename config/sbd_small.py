@@ -29,12 +29,13 @@ min_lr_ratio = 0.01  # both stages decay to 1% of their peak: a quiet end leaves
 # block size k ~ U{8..16} per step; the paper draws from {2..16}. Decoding uses k = 8 and 16, and a noisy token
 # j places into its block is only trained in steps with k > j: with {2..16} offsets 8-15 (half of a k=16 block) were
 # trained in 8 of 15 steps down to 1 of 15, and k=16's own block layout in 1 step of 15. With {8..16}, k=16 plain
-# SBD's γ_low went from 3.9x to 10.9x fewer forwards on average over seeds (README: the spread). Only {8, 16}
+# SBD's γ_low went from 3.9x to 10.9x fewer forwards on average over seeds (last weights; README Notes). Only {8, 16}
 # (--k_step=8) was better on two seeds and broke a third (README Notes)
 k_min = 8
 k_max = 16
 # the SBD model saved is the moving average of the stage's weights (span ~500 steps), not its last weights: on the
-# same training run the average made fewer confident k=16 mistakes on the worst seed (README Notes: EMA)
+# same five runs it lifted the worst seed's k=16 γ_low from 4.7x to 6.4x and cost the best seeds theirs (mean
+# 10.9x -> 8.7x); the worst seed decides (README Notes: EMA)
 ema_decay = 0.998
 loss_on_answer_only = True  # prompts are random operands: predicting them is pure noise
 block_phase = "answer"  # noisy blocks start where decoding blocks start: right after the prompt
