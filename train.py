@@ -240,23 +240,16 @@ elif checkpoint is not None:
 checkpoint = None  # free memory
 
 
-def new_ema():
-    """The moving average starts at the weights the SBD stage starts from."""
-    return {name: p.detach().float().clone() for name, p in raw_model.named_parameters()} if ema_decay else None
-
-
 def update_ema():
     """ema <- ema_decay * ema + (1 - ema_decay) * weights, after every SBD step. With a decay of 0.998 the
-    average spans the last ~500 steps: it smooths the step-to-step wander the cosine tail leaves in the weights."""
+    average spans the last ~500 steps (README Notes: EMA, what it gained and cost over seeds)."""
     with torch.no_grad():
         for name, p in raw_model.named_parameters():
             ema[name].lerp_(p.float(), 1 - ema_decay)
 
 
-if stage == "sbd" and ema_decay and ema is None:
-    if iter_num > ntp_iters:
-        raise ValueError(f"{resume_path} is in its SBD stage without a moving average; resume it with ema_decay=0")
-    ema = new_ema()
+if stage == "sbd" and ema_decay and ema is None and iter_num > ntp_iters:
+    raise ValueError(f"{resume_path} is in its SBD stage without a moving average; resume it with ema_decay=0")
 
 
 def lr_at(it):
@@ -323,7 +316,8 @@ while iter_num < total_iters:
         if master:
             print(f"saved the NTP baseline to {out_dir}/ckpt_ntp.pt; starting SBD fine-tuning")
         stage, optimizer = "sbd", new_optimizer("sbd")
-        ema = new_ema()
+    if stage == "sbd" and ema_decay and ema is None:  # the average starts at the SBD stage's first weights
+        ema = {name: p.detach().float().clone() for name, p in raw_model.named_parameters()}
 
     if iter_num % eval_interval == 0 and (master or fsdp) and iter_num > 0:  # FSDP: every rank takes part
         losses = estimate_losses()
