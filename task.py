@@ -31,10 +31,13 @@ class CharTask:
         if not os.path.exists(prepare):
             known = sorted(d for d in os.listdir(DATA_DIR) if os.path.exists(os.path.join(DATA_DIR, d, "prepare.py")))
             raise FileNotFoundError(f"unknown dataset {name!r}: no {prepare}. Known datasets: {known}")
-        if not os.path.exists(os.path.join(folder, "meta.json")):  # first run: make the data, nothing downloads
+        meta_path = os.path.join(folder, "meta.json")
+        # make the data on first use (nothing downloads), and again when prepare.py is newer than it (like make:
+        # a pulled change to the task must not meet data written by the old one)
+        if not os.path.exists(meta_path) or os.path.getmtime(prepare) > os.path.getmtime(meta_path):
             print(f"preparing dataset {name} ...")
             subprocess.run([sys.executable, prepare], check=True)
-        with open(os.path.join(folder, "meta.json")) as f:
+        with open(meta_path) as f:
             meta = json.load(f)
         self.name, self.meta = name, meta
         self.chars = meta["chars"]

@@ -3,11 +3,15 @@ Column addition written out as a reasoning trace: a task with verifiable answers
 mostly predictable scaffolding with a few hard tokens, like the reasoning traces where SBD pays off.
 
     prompt (right-aligned to 13 chars):  " Q:52+228=?A:"
-    completion:                          "ones 2+8+0=10 c1;tens 5+2+1=08 c0;huns 0+2+0=02 c0;so 280."
+    completion:                          "ones 2+8+0=10 c1;tens 5+2+1=08 c0;huns 0+2+0=02 c0;so 0280."
     then the stop character "\n"
 
 Each step copies two operand digits and the carry (easy), then writes a two-digit column sum and the new
-carry (the only hard tokens). Operands have 1-3 digits. The split is a hash of the problem, so a test
+carry (the only hard tokens). The answer has four digits, zero-padded like the column sums, so that each of
+its digits sits at one place and copies one place of the trace. With the sum's own length ("so 63.") the
+masked-token head had to work out the answer's length before it could copy a digit, and on some runs it
+learned a shortcut that wrote the last digit of two-digit answers wrong at any γ (README Notes: the answer's
+width). Operands have 1-3 digits. The split is a hash of the problem, so a test
 problem never appears in train or val, whatever the sizes. Writes train.txt / val.txt / test.txt (one
 "prompt<TAB>completion" per line) and meta.json (vocabulary, mask and stop characters, lengths).
 
@@ -33,7 +37,7 @@ def trace(a, b):
         total = int(x) + int(y) + carry
         steps.append(f"{place} {x}+{y}+{carry}={total:02d} c{total // 10}")
         carry = total // 10
-    return ";".join(steps) + f";so {a + b}."
+    return ";".join(steps) + f";so {a + b:04d}."
 
 
 def prompt(a, b):

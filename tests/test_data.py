@@ -1,0 +1,76 @@
+"""The addition task's text (data/addition/prepare.py) against hand-written traces, and CharTask making its data
+again when prepare.py changed."""
+
+import importlib.util
+import json
+import os
+import random
+import textwrap
+
+import task as task_module
+from task import CharTask
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("prepare", os.path.join(ROOT, "data", "addition", "prepare.py"))
+prepare = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(prepare)
+
+
+def test_traces_are_the_hand_written_column_additions():
+    assert prepare.trace(52, 228) == "ones 2+8+0=10 c1;tens 5+2+1=08 c0;huns 0+2+0=02 c0;so 0280."
+    assert prepare.trace(4, 2) == "ones 4+2+0=06 c0;tens 0+0+0=00 c0;huns 0+0+0=00 c0;so 0006."
+    assert prepare.trace(999, 999) == "ones 9+9+0=18 c1;tens 9+9+1=19 c1;huns 9+9+1=19 c1;so 1998."
+    assert prepare.prompt(52, 228) == " Q:52+228=?A:"
+
+
+def test_every_answer_digit_sits_at_one_place_and_copies_one_place_of_the_trace():
+    """Why the answer is zero-padded: digit i of the answer is always at the same position and equals the
+    digit at one fixed position of the trace, so the masked-token head never has to work out the answer's length."""
+    rng = random.Random(0)
+    lengths, answers = set(), []
+    for _ in range(500):
+        a, b = rng.randint(0, 999), rng.randint(0, 9)  # a one-digit operand too: short sums, the case that broke
+        text = prepare.trace(a, b)
+        lengths.add(len(text))
+        answers.append((text, a + b))
+    assert lengths == {len(prepare.trace(0, 0))}  # every completion has the same length
+    for text, total in answers:
+        ones, tens, huns = text[11:13], text[28:30], text[45:47]  # the column sums, '=' then two digits
+        assert text[-5:] == f"{huns[0]}{huns[1]}{tens[1]}{ones[1]}." == f"{total:04d}."
+
+
+def write_dataset(folder, marker):
+    """A one-problem dataset whose prepare.py writes `marker` as the answer of its single problem."""
+    os.makedirs(folder)
+    with open(os.path.join(folder, "prepare.py"), "w") as f:
+        f.write(textwrap.dedent(f"""
+            import json, os
+            here = os.path.dirname(os.path.abspath(__file__))
+            for split in ("train", "val", "test"):
+                with open(os.path.join(here, split + ".txt"), "w") as f:
+                    f.write("Q:1+1=?A:\\tso {marker}.\\n")
+            with open(os.path.join(here, "meta.json"), "w") as f:
+                json.dump(dict(chars="Q:1+=?A so2345.\\n_", mask="_", stop="\\n", answer_marker="so ",
+                               prompt_len=9, seq_len=16), f)
+            """))
+
+
+def test_data_is_made_again_when_prepare_changed(tmp_path, monkeypatch):
+    monkeypatch.setattr(task_module, "DATA_DIR", str(tmp_path))
+    folder = tmp_path / "toy"
+    write_dataset(str(folder), "2")
+    assert CharTask("toy").splits["test"] == [("Q:1+1=?A:", "so 2.")]  # made on first use
+
+    with open(folder / "test.txt", "w") as f:  # the data is newer than prepare.py: used as it is
+        f.write("Q:1+1=?A:\tso 3.\n")
+    assert CharTask("toy").splits["test"] == [("Q:1+1=?A:", "so 3.")]
+
+    with open(folder / "prepare.py") as f:  # prepare.py changes (a pull): the next use makes the data again
+        new = f.read().replace("so 2.", "so 4.")
+    with open(folder / "prepare.py", "w") as f:
+        f.write(new)
+    meta = os.path.getmtime(folder / "meta.json")
+    os.utime(folder / "prepare.py", (meta + 10, meta + 10))  # newer, even on a file system with coarse times
+    assert CharTask("toy").splits["test"] == [("Q:1+1=?A:", "so 4.")]
+    with open(folder / "meta.json") as f:
+        assert json.load(f)["answer_marker"] == "so "
