@@ -326,6 +326,10 @@ def plot_sweep(calibration, ntp_val_accuracy, path):
         best = max(t for _, t in c["exact_sweep"])
         ax.plot(best, ntp_val_accuracy, "*", color=line.get_color(), markersize=14, label=f"exact SBD k={k}")
     ax.axhline(ntp_val_accuracy, color="gray", linestyle="--", label="NTP baseline (1 token/forward)")
+    # at least 2 points of scale below NTP: on a nearly perfect model one val problem (0.05 points) would
+    # otherwise fill the whole height and look like a cliff
+    accuracies = [a for c in calibration.values() for _, a, _ in c["sweep"]] + [ntp_val_accuracy]
+    ax.set_ylim(min(min(accuracies), ntp_val_accuracy - 2) - 0.2, max(accuracies) + 0.2)
     ax.set_xlabel("tokens per forward (= NFE speed-up over NTP)")
     ax.set_ylabel("val accuracy (%)")
     ax.set_title("SBD: accuracy against forwards saved, one point per γ")
