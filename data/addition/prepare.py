@@ -8,14 +8,14 @@ mostly predictable scaffolding with a few hard tokens, like the reasoning traces
 
 Each step copies two operand digits and the carry (easy), then writes a two-digit column sum and the new carry
 (the only hard tokens). The answer has four digits, zero-padded like the column sums, so that each of its
-digits sits at one place and copies one place of the trace. With the sum's own length ("so 63.") the masked-
-token head had to work out the answer's length before it could copy a digit, and on some runs it learned a
-shortcut that wrote the last digit of two-digit answers wrong at any γ (README Notes: the answer's width).
-Operands have 1-3 digits. The split is a hash of the problem, so a test problem never appears in train or val,
-whatever the sizes. Writes train.txt / val.txt / test.txt (one "prompt<TAB>completion" per line) and meta.json
-(vocabulary, mask and stop characters, lengths).
+digits sits at one place and copies one place of the trace. With the sum's own length ("so 63.") the
+masked-token head had to work out the answer's length before it could copy a digit, and on some runs it
+learned a shortcut that wrote the last digit of two-digit answers wrong at any γ (README Notes: the answer's
+width). Operands have 1-3 digits. The split is a hash of the problem, so a test problem never appears in train
+or val, whatever the sizes. Writes train.txt / val.txt / test.txt (one "prompt<TAB>completion" per line) and
+meta.json (vocabulary, mask and stop characters, lengths).
 
-Run: python data/addition/prepare.py   (train.py runs it itself when the files are missing or older than this file)
+Run: python data/addition/prepare.py   (train.py runs it when its files are missing or older than this file)
 """
 
 import hashlib
