@@ -9,6 +9,7 @@ fixed-length row: prompt, completion, the stop character, then more stop charact
 has the same length and the completion starts at the same place in every row.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -22,6 +23,27 @@ from model import IGNORE_INDEX
 from tokenizer import Llama3Tokenizer
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def data_version(paths):
+    """A short hash of these files' bytes. A checkpoint records it, so a model is never graded on, or resumed
+    with, data other than what it was trained on (e.g. after a pull changed prepare.py and the data was made again)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            digest.update(hashlib.sha256(f.read()).digest())
+    return digest.hexdigest()[:16]
+
+
+def check_same_data(checkpoint, task, checkpoint_path):
+    """Refuse a checkpoint trained on another version of the task's data. Checkpoints from before the version
+    was recorded carry none and pass unchecked."""
+    trained_on = checkpoint.get("data_version")
+    if trained_on is not None and trained_on != task.data_version:
+        raise ValueError(f"{checkpoint_path} was trained on another version of the data in {task.name} (version "
+                         f"{trained_on}; on disk now: {task.data_version}), e.g. its prepare.py changed since. Its "
+                         "answers would be graded, or its training resumed, on data it never saw: train it again "
+                         "(init_from='scratch'), or check out the commit it was trained at")
 
 
 class CharTask:
@@ -47,6 +69,7 @@ class CharTask:
         self.tokenizer_info = dict(kind="char", chars=self.chars)  # what a checkpoint records to decode
         self.prompt_len, self.seq_len = meta["prompt_len"], meta["seq_len"]
         self.splits = {s: self._read(os.path.join(folder, f"{s}.txt")) for s in ("train", "val", "test")}
+        self.data_version = data_version([meta_path] + [os.path.join(folder, f"{s}.txt") for s in self.splits])
 
     def _read(self, path):
         with open(path) as f:
@@ -126,6 +149,7 @@ class JsonlTask:
         self.stop_ids = self.tokenizer.stop_ids  # <|end_of_text|>, <|eom_id|>, <|eot_id|>
         self.pad_id = self.tokenizer.special["<|finetune_right_pad_id|>"]  # never produced by encoding text
         pairs = self._read(path)
+        self.data_version = data_version([path])
         order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)).tolist()
         n_val = max(1, round(val_fraction * len(pairs)))
         self.splits = {"train": [pairs[i] for i in order[n_val:]], "val": [pairs[i] for i in order[:n_val]]}

@@ -30,7 +30,7 @@ import sbd
 from configurator import configure
 from load_llama import find_tokenizer, init_mask_embedding, load_llama
 from model import GPT, GPTConfig, Llama, LlamaConfig, autodetect_device, configure_optimizer, save_checkpoint
-from task import CharTask, JsonlTask
+from task import CharTask, JsonlTask, check_same_data
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo (config/sbd_small.py sets the same values, commented)
@@ -203,6 +203,7 @@ if init_from == "resume":
     if checkpoint["model_args"] != model_args:
         raise ValueError(f"{resume_path} was made with model {checkpoint['model_args']}, this config asks for "
                          f"{model_args}; use the run's original config")
+    check_same_data(checkpoint, task, resume_path)
     model.load_state_dict(checkpoint["model"])
     iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
     if ema_decay and "ema" in checkpoint:  # cloned: the checkpoint's tensors are memory-mapped from its file
@@ -288,7 +289,8 @@ def stage_checkpoint(extra=None):
     Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the weights."""
     model_state = get_model_state_dict(raw_model, options=FULL) if fsdp else raw_model.state_dict()
     return dict(model=model_state, model_family="llama" if llama else "gpt", model_args=model_args, config=config,
-                tokenizer=task.tokenizer_info, dataset=dataset, iter_num=iter_num, **(extra or {}))
+                tokenizer=task.tokenizer_info, dataset=dataset, data_version=task.data_version, iter_num=iter_num,
+                **(extra or {}))
 
 
 def save_stage(name, sbd_meta):

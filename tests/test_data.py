@@ -1,5 +1,5 @@
-"""The addition task's text (data/addition/prepare.py) against hand-written traces, and CharTask making its data
-again when prepare.py changed."""
+"""The addition task's text (data/addition/prepare.py) against hand-written traces, CharTask making its data
+again when prepare.py changed, and checkpoints refusing data other than what they were trained on."""
 
 import importlib.util
 import json
@@ -7,8 +7,10 @@ import os
 import random
 import textwrap
 
+import pytest
+
 import task as task_module
-from task import CharTask
+from task import CharTask, check_same_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("prepare", os.path.join(ROOT, "data", "addition", "prepare.py"))
@@ -74,3 +76,24 @@ def test_data_is_made_again_when_prepare_changed(tmp_path, monkeypatch):
     assert CharTask("toy").splits["test"] == [("Q:1+1=?A:", "so 4.")]
     with open(folder / "meta.json") as f:
         assert json.load(f)["answer_marker"] == "so "
+
+
+def test_a_checkpoint_refuses_data_made_again_since(tmp_path, monkeypatch):
+    """A checkpoint records the version (hash) of the data it was trained on; once prepare.py changed and the
+    data was made again, grading or resuming it is refused with what to do. Old checkpoints carry no version."""
+    monkeypatch.setattr(task_module, "DATA_DIR", str(tmp_path))
+    folder = tmp_path / "toy"
+    write_dataset(str(folder), "2")
+    trained = {"data_version": CharTask("toy").data_version}
+    check_same_data(trained, CharTask("toy"), "ckpt.pt")  # the same data, read again: accepted
+    with open(folder / "prepare.py") as f:
+        new = f.read().replace("so 2.", "so 4.")
+    with open(folder / "prepare.py", "w") as f:
+        f.write(new)
+    meta = os.path.getmtime(folder / "meta.json")
+    os.utime(folder / "prepare.py", (meta + 10, meta + 10))
+    changed = CharTask("toy")
+    assert changed.data_version != trained["data_version"]
+    with pytest.raises(ValueError, match="ckpt.pt was trained on another version of the data in toy .* train it again"):
+        check_same_data(trained, changed, "ckpt.pt")
+    check_same_data({}, changed, "old.pt")  # a checkpoint from before versions were recorded: unchecked

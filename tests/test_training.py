@@ -18,6 +18,7 @@ import model as model_lib
 from tiny_models import random_model
 import sbd
 from model import IGNORE_INDEX
+from task import CharTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -336,6 +337,18 @@ def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
         resumed = torch.load(f"{out}/{name}", weights_only=False)["model"]
         straight = torch.load(f"{uninterrupted}/{name}", weights_only=False)["model"]
         assert all(torch.equal(resumed[key], straight[key]) for key in straight), name
+
+
+def test_resume_refuses_other_data(tmp_path):
+    """A run halted on one version of the data does not go on with another (the version its checkpoint recorded)."""
+    first = train(f"--out_dir={tmp_path}", *RESUME, "--halt_after=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = torch.load(f"{tmp_path}/ckpt_resume.pt", weights_only=True)
+    assert checkpoint["data_version"] == CharTask("addition").data_version
+    checkpoint["data_version"] = "0" * 16  # as if data/addition had been made again by a changed prepare.py
+    torch.save(checkpoint, f"{tmp_path}/ckpt_resume.pt")
+    second = train(f"--out_dir={tmp_path}", *RESUME, "--init_from=resume")
+    assert second.returncode != 0 and "ckpt_resume.pt was trained on another version of the data" in second.stderr
 
 
 @pytest.mark.parametrize("args, message", [
