@@ -33,7 +33,8 @@ from model import GPT, GPTConfig, Llama, LlamaConfig, autodetect_device, configu
 from task import CharTask, JsonlTask, check_same_data
 
 # -----------------------------------------------------------------------------
-# default config: the small addition-trace demo (config/sbd_small.py sets the same values, commented)
+# default config: the small addition-trace demo with the paper's choices where it has them (k ~ U{2..16}, no
+# weight averaging); config/sbd_small.py, the recipe the README measures, changes several, each with why
 out_dir = "out-sbd-small"
 dataset = "addition"  # data/<dataset>/prepare.py makes the data on first use; or a .jsonl file (Llama, below)
 init_from = "scratch"  # 'scratch', 'resume' (from out_dir/ckpt_resume.pt), or a Llama 3 checkpoint directory
