@@ -57,6 +57,16 @@ def write_dataset(folder, marker):
             """))
 
 
+def change_prepare(folder, old, new):
+    """Edit the dataset's prepare.py (as a pull would) and make it newer than the data it wrote."""
+    with open(folder / "prepare.py") as f:
+        text = f.read().replace(old, new)
+    with open(folder / "prepare.py", "w") as f:
+        f.write(text)
+    meta = os.path.getmtime(folder / "meta.json")
+    os.utime(folder / "prepare.py", (meta + 10, meta + 10))  # newer, even on a file system with coarse times
+
+
 def test_data_is_made_again_when_prepare_changed(tmp_path, monkeypatch):
     monkeypatch.setattr(task_module, "DATA_DIR", str(tmp_path))
     folder = tmp_path / "toy"
@@ -67,12 +77,7 @@ def test_data_is_made_again_when_prepare_changed(tmp_path, monkeypatch):
         f.write("Q:1+1=?A:\tso 3.\n")
     assert CharTask("toy").splits["test"] == [("Q:1+1=?A:", "so 3.")]
 
-    with open(folder / "prepare.py") as f:  # prepare.py changes (a pull): the next use makes the data again
-        new = f.read().replace("so 2.", "so 4.")
-    with open(folder / "prepare.py", "w") as f:
-        f.write(new)
-    meta = os.path.getmtime(folder / "meta.json")
-    os.utime(folder / "prepare.py", (meta + 10, meta + 10))  # newer, even on a file system with coarse times
+    change_prepare(folder, "so 2.", "so 4.")  # prepare.py changes (a pull): the next use makes the data again
     assert CharTask("toy").splits["test"] == [("Q:1+1=?A:", "so 4.")]
     with open(folder / "meta.json") as f:
         assert json.load(f)["answer_marker"] == "so "
@@ -86,12 +91,7 @@ def test_a_checkpoint_refuses_data_made_again_since(tmp_path, monkeypatch):
     write_dataset(str(folder), "2")
     trained = {"data_version": CharTask("toy").data_version}
     check_same_data(trained, CharTask("toy"), "ckpt.pt")  # the same data, read again: accepted
-    with open(folder / "prepare.py") as f:
-        new = f.read().replace("so 2.", "so 4.")
-    with open(folder / "prepare.py", "w") as f:
-        f.write(new)
-    meta = os.path.getmtime(folder / "meta.json")
-    os.utime(folder / "prepare.py", (meta + 10, meta + 10))
+    change_prepare(folder, "so 2.", "so 4.")
     changed = CharTask("toy")
     assert changed.data_version != trained["data_version"]
     with pytest.raises(ValueError, match="ckpt.pt was trained on another version of the data in toy .* train it again"):
