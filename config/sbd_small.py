@@ -34,10 +34,11 @@ min_lr_ratio = 0.01  # both stages decay to 1% of their peak: a quiet end leaves
 # (--k_step=8) was better on two seeds and broke a third (README Notes)
 k_min = 8
 k_max = 16
-# the SBD model saved is the moving average of the stage's weights (span ~500 steps), not its last weights: on the
-# same five runs it lifted the worst seed's k=16 γ_low from 4.7x to 6.4x and cost the best seeds theirs (mean
-# 10.9x -> 8.7x); the worst seed decides (README Notes: EMA)
-ema_decay = 0.998
+# the SBD model saved is the stage's last weights, not their moving average (ema_decay=0.998, a ~500-step span):
+# on the same ten runs of 4800 steps the average cost the worst seed k=16 γ_low 13.1x -> 9.7x and moved the
+# others by under 0.5x; the worst seed decides (README Notes: 4800 SBD steps; the average had helped on the old
+# answer format, Notes: EMA)
+ema_decay = 0.0
 loss_on_answer_only = True  # prompts are random operands: predicting them is pure noise
 block_phase = "answer"  # noisy blocks start where decoding blocks start: right after the prompt
 
