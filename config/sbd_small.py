@@ -21,8 +21,8 @@ ntp_lr = 2e-3
 # stage 2: SBD fine-tuning. The masked-token path needs its own circuit: plan at least as many SBD steps
 # as NTP steps (short fine-tunes learn nothing useful, FINDINGS.md). Steps, not only examples, count here:
 # 3200 steps of 32 rows cost what 1600 of 64 cost and leave plain SBD usable on the seeds where 1600 x 64
-# did not; 4800 lifted the worst of eight seeds from 4.1x to 9.7x fewer forwards (k=16 γ_low) and left the
-# others at the ceiling, for 3 more minutes (README Notes: 4800 SBD steps)
+# did not; 4800 lifted the worst of eight seeds from 4.1x to 9.7x fewer forwards (k=16 γ_low; 13.1x with the
+# last weights, below) and left the others at the ceiling, for 3 more minutes (README Notes: 4800 SBD steps)
 sbd_iters = 4800
 sbd_batch_size = 32
 sbd_lr = 2e-3  # as high as pretraining: at 1e-3 the k=16 path was still far behind after 1700 steps
