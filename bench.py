@@ -108,10 +108,9 @@ def sbd_setup():
         g = gamma if gamma is not None else random_gamma
         print(f"no {path}: a random GPT {n_layer}L/{n_embd}d, k={k or 16}, γ={g:g} (random_gamma unless given)")
         return model, prompts, vocab_size - 1, [], k or 16, g, g, max_new_tokens, f"random GPT {n_layer}L/{n_embd}d"
-    from task import CharTask, check_same_data  # only a trained model comes with a task
+    from task import task_of_checkpoint  # only a trained model comes with a task
     model, checkpoint = load_checkpoint(path, device)
-    info, task = checkpoint["sbd"], CharTask(checkpoint["dataset"])
-    check_same_data(checkpoint, task, path)
+    info, task = checkpoint["sbd"], task_of_checkpoint(checkpoint, path)
     prompts = [torch.tensor([task.encode(p)], device=device) for p, _ in task.splits["test"][:num_prompts]]
     kk = k or info.get("k") or 16
     low = info.get("gammas", {}).get(str(kk), [info.get("gamma_low")])[0]

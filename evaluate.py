@@ -41,7 +41,7 @@ from configurator import configure
 from evaluate_llama import load_run
 from model import autodetect_device, load_checkpoint, save_checkpoint
 from sbd import format_steps, ntp_generate, sbd_generate
-from task import CharTask, check_same_data
+from task import CharTask, task_of_checkpoint
 
 # below 3e-4: ~1 token/forward. Dense at the low end, where a well-trained model's tokens per forward climb
 # steeply (k=16 on one seed: 3.0 at 3e-4, 4.2 at 5e-4, 5.1 at 7e-4, 6.2 at 1e-3) and γ_low usually lies
@@ -344,9 +344,7 @@ def load_small_run(out_dir, device):
     """The small demo: (NTP baseline out_dir/ckpt_ntp.pt, SBD model ckpt_sbd.pt, its checkpoint, its data/ task)."""
     ntp_model, _ = load_checkpoint(f"{out_dir}/ckpt_ntp.pt", device)
     sbd_model, checkpoint = load_checkpoint(f"{out_dir}/ckpt_sbd.pt", device)
-    task = CharTask(checkpoint["dataset"])
-    check_same_data(checkpoint, task, f"{out_dir}/ckpt_sbd.pt")
-    return ntp_model, sbd_model, checkpoint, task
+    return ntp_model, sbd_model, checkpoint, task_of_checkpoint(checkpoint, f"{out_dir}/ckpt_sbd.pt")
 
 
 def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5, timing_problems=None,

@@ -35,6 +35,13 @@ def data_version(paths):
     return digest.hexdigest()[:16]
 
 
+def task_of_checkpoint(checkpoint, checkpoint_path):
+    """The data/ task a small-model checkpoint was trained on, refused if its data changed since."""
+    task = CharTask(checkpoint["dataset"])
+    check_same_data(checkpoint, task, checkpoint_path)
+    return task
+
+
 def check_same_data(checkpoint, task, checkpoint_path):
     """Refuse a checkpoint trained on another version of the task's data. Checkpoints from before the version
     was recorded carry none and pass unchecked."""
