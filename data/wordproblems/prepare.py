@@ -328,7 +328,7 @@ def travel(d):
                              "@S still has {trip} - {total} = {left} to go.",
                              "That leaves {trip} - {total} = {left}."]))
     scenes = ["@S is going to visit @his grandmother.", "@S is on holiday by the coast.",
-              "@S is training for a long race."]
+              "@S is out for a long day."]
     key = (ask, *sorted([(x["s"], x["h"]) for x in legs]), trip)  # the legs in either order
     return d.problem("travel", key, scenes, facts, question, steps, trip - total if trip else total)
 
