@@ -6,7 +6,7 @@ Decoding benchmarks, measured side by side in one run (timings to read, not a pa
     python bench.py --what=roofline  # a k-token forward on a KV cache, measured next to roofline.py's prediction
 
 kvcache: a 6-layer, 384-wide GPT decodes new_tokens tokens greedily twice: through the KV cache
-(sbd.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole context per token.
+(generate.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole context per token.
 sbd: the same model and prompts decoded with NTP and with SBD, both through the KV cache, batch 1. Uses
 out_dir/ckpt_sbd.pt if it exists (prompts from its task's test split), else a random model. Besides the
 measured speed-ups it times a 1-, k- and 2k-token forward on top of a cache and predicts SBD's wall clock
@@ -19,6 +19,8 @@ k, and exact at k=1. On a CPU these tiny models are bound by per-call overhead, 
 fitted overhead says by how much, and the cost of one more token says how far the roofline's price is off.
 """
 
+import collections
+import math
 import os
 import statistics
 import sys
@@ -27,9 +29,12 @@ import time
 import torch
 
 import roofline
-import sbd
-from configurator import configure
+from configurator import ConfigError, configure
+from generate import ntp_generate
 from model import build_model, dense_mask, load_checkpoint
+from sampling import DecodeSettings
+from sbd import hybrid_mask
+from settings import decode, read_calibration, settings_for
 
 # -----------------------------------------------------------------------------
 what = "sbd"  # 'kvcache', 'sbd' or 'roofline'
@@ -80,8 +85,8 @@ def bench_kvcache():
     model = build_model("gpt", n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
                         vocab_size=vocab_size).to(device).eval()
     prompt = torch.randint(0, vocab_size, (1, prompt_len), device=device)
-    sbd.ntp_generate(model, prompt, 8)  # warm-up
-    cached, stats = sbd.ntp_generate(model, prompt, new_tokens)
+    ntp_generate(model, prompt, 8)  # warm-up
+    cached, stats = ntp_generate(model, prompt, new_tokens)
     t0 = time.perf_counter()
     recomputed = recompute_generate(model, prompt, new_tokens)
     t_recompute = time.perf_counter() - t0
@@ -95,142 +100,108 @@ def bench_kvcache():
 
 
 def sbd_setup():
-    """-> (model, prompts [(1, T0) tensors], mask_id, stop_ids, k, γ, exact γ, max_new, description).
-
-    With a trained checkpoint, k and both γ come from what evaluate.py calibrated for that k, unless given:
-    a γ only means something for the block size it was calibrated with."""
+    """-> (model, prompts [(1, T0) tensors], plain settings or None, exact settings, max_new,
+    description). A trained checkpoint's k and γ come from its calibration (settings.py) unless
+    given: a γ only means something for the block size it was calibrated with."""
     path = os.path.join(out_dir, "ckpt_sbd.pt")
     if not os.path.exists(path):
         torch.manual_seed(seed)
-        model = build_model("gpt", n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                            vocab_size=vocab_size).to(device).eval()
-        prompts = [torch.randint(0, vocab_size - 1, (1, prompt_len), device=device) for _ in range(num_prompts)]
+        model = build_model("gpt", n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                            block_size=block_size, vocab_size=vocab_size).to(device).eval()
+        prompts = [torch.randint(0, vocab_size - 1, (1, prompt_len), device=device)
+                   for _ in range(num_prompts)]
         g = gamma if gamma is not None else random_gamma
-        print(f"no {path}: a random GPT {n_layer}L/{n_embd}d, k={k or 16}, γ={g:g} (random_gamma unless given)")
-        return model, prompts, vocab_size - 1, [], k or 16, g, g, max_new_tokens, f"random GPT {n_layer}L/{n_embd}d"
+        plain = DecodeSettings(mask_id=vocab_size - 1, k=k or 16, gamma=g, rule=rule)
+        print(f"no {path}: a random GPT {n_layer}L/{n_embd}d, k={plain.k}, γ={g:g}")
+        return (model, prompts, plain, plain.replace(exact=True), max_new_tokens,
+                f"random GPT {n_layer}L/{n_embd}d")
     from task import task_of_checkpoint  # only a trained model comes with a task
+
     model, checkpoint = load_checkpoint(path, device)
-    info, task = checkpoint["sbd"], task_of_checkpoint(checkpoint, path)
-    prompts = [torch.tensor([task.encode(p)], device=device) for p, _ in task.splits["test"][:num_prompts]]
-    kk = k or info.get("k") or 16
-    low = info.get("gammas", {}).get(str(kk), [info.get("gamma_low")])[0]
-    exact = info.get("gamma_exact", {}).get(str(kk))
-    g = gamma if gamma is not None else low
-    g_exact = gamma if gamma is not None else exact
-    if g_exact is None:
-        raise SystemExit(f"{path} has no calibrated γ for k={kk} (γ_low {low}, exact {exact}): run evaluate.py, "
-                         f"or give --gamma")
-    where = "given" if gamma is not None else f"calibrated for k={kk} by evaluate.py"
-    low_text = f"γ_low={g:g}" if g is not None else "no γ_low (no γ kept plain SBD within its budget on val)"
-    print(f"{path}: k={kk} ({'given' if k else 'the checkpoint operating point'}), {low_text} and exact γ="
-          f"{g_exact:g} ({where})")
-    return model, prompts, info["mask_id"], info["stop_ids"], kk, g, g_exact, task.max_new_tokens, path
+    task, calibration = task_of_checkpoint(checkpoint, path), read_calibration(path, checkpoint)
+    prompts = [torch.tensor([task.encode_prompt(p)], device=device)
+               for p, _ in task.splits["test"][:num_prompts]]
+    exact = settings_for(checkpoint, calibration, k=k or None, gamma=gamma, exact=True, rule=rule)
+    try:
+        plain = settings_for(checkpoint, calibration, k=exact.k, gamma=gamma, rule=rule)
+    except ConfigError as e:
+        print(f"plain SBD not timed: {e}")
+        plain = None
+    print(f"{path}: k={exact.k}, " + (f"γ={plain.gamma:g}, " if plain else "")
+          + f"exact γ={exact.gamma:g} ({'given' if gamma is not None else 'calibrated'})")
+    return model, prompts, plain, exact, task.max_new_tokens, path
 
 
 @torch.inference_mode()
-def forward_time(model, cache, n_prev, kb):
-    """Median seconds of one block_forward of [n_prev committed ; kb block] tokens on top of cache.
-
-    kb = 0 times a plain 1-token NTP step (n_prev = 1). The cache is restored after each forward.
-    """
-    L, times = cache.length, []
-    prev = torch.zeros(1, n_prev, dtype=torch.long, device=device)
-    block = torch.zeros(1, kb, dtype=torch.long, device=device)
+def forward_time(model, cache, width):
+    """Median seconds of one forward of `width` tokens on top of the cache: a 1-token NTP step, or
+    an SBD block of `width` slots attending to the cache and to itself. The cache is restored."""
+    n_cached, times = cache.length, []
+    tokens = torch.zeros(1, width, dtype=torch.long, device=device)
+    mask = None if width == 1 else dense_mask(lambda q, kv: hybrid_mask(q, kv, n_cached), width,
+                                              n_cached + width, n_cached, device)
     for _ in range(timing_repeats + 3):
         t0 = time.perf_counter()
-        if kb == 0:
-            model(prev, cache=cache)
-        else:
-            sbd.block_forward(model, cache, prev, block)
+        model(tokens, mask=mask, cache=cache, n_commit=0)
         times.append(time.perf_counter() - t0)
-        cache.length = L
+    cache.length = n_cached
     return statistics.median(times[3:])  # the first few are warm-up
 
 
-def forward_widths(stats):
-    """[forwards that fed about k tokens, forwards that fed about 2k] of one batch-1 SBD decode. A forward that
-    commits the previous block feeds it too (2k); the others feed the block alone (k). Counted as k: the first
-    forward of a decode (1 + k tokens), the exact mode's commits of a lone corrected token (1 + k) and its final
-    check that passes (the last block alone); a check that rejects counts as 2k (it ran a block, unless final)."""
-    wide = 0
-    for i, step in enumerate(stats.steps):
-        if stats.accepted is None:  # plain SBD: a block's first forward commits the block before it
-            wide += i > 0 and step.block_start != stats.steps[i - 1].block_start
-        else:  # exact SBD: every forward that checks drafts commits them
-            drafts = step.check is not None and (step.check.kept or step.check.rejected)
-            wide += bool(drafts) and (step.tokens.size(1) > 0 or step.check.correction is not None)
-    return [len(stats.steps) - wide, wide]
-
-
-def n_blocks(stats):
-    """Blocks a batch-1 SBD decode started (exact mode: not counting blocks thrown away unseen)."""
-    if stats.accepted is None:
-        return len({step.block_start for step in stats.steps})
-    return sum(step.check is not None and step.tokens.size(1) > 0 for step in stats.steps)
-
-
 def bench_sbd():
-    model, prompts, mask_id, stop_ids, kk, g, g_exact, max_new, description = sbd_setup()
-    modes = ["ntp", "sbd", "exact"] if g is not None else ["ntp", "exact"]  # plain SBD only if it has a γ
+    model, prompts, plain, exact, max_new, description = sbd_setup()
+    modes = {"ntp": exact, "exact": exact, **({"sbd": plain} if plain else {})}
     stats = {mode: [] for mode in modes}
-    sbd.sbd_generate(model, prompts[0], kk, g_exact, rule, mask_id, 4)  # warm-up
-    for prompt in prompts:  # interleave the modes, so that a slow moment of the machine hits them alike
-        stats["ntp"].append(sbd.ntp_generate(model, prompt, max_new, stop_ids, mask_id=mask_id)[1])
-        if g is not None:
-            stats["sbd"].append(sbd.sbd_generate(model, prompt, kk, g, rule, mask_id, max_new, stop_ids,
-                                                 record_steps=True)[1])
-        stats["exact"].append(sbd.sbd_generate(model, prompt, kk, g_exact, rule, mask_id, max_new, stop_ids,
-                                               record_steps=True, verify=True)[1])
-    decode_time = {mode: sum(s.wall_time - s.prefill_time for s in st) for mode, st in stats.items()}
-    n_tokens = {mode: sum(s.tokens[0] for s in st) for mode, st in stats.items()}
-    nfe = {mode: sum(s.nfe[0] for s in st) for mode, st in stats.items()}
+    decode(model, prompts[0], exact, 4)  # warm-up
+    for prompt in prompts:  # interleave the modes: a slow moment of the machine hits them alike
+        for mode, settings in modes.items():
+            stats[mode].append(decode(model, prompt, settings, max_new, ntp=mode == "ntp")[1])
+    decode_time = {m: sum(s.wall_time - s.prefill_time for s in st) for m, st in stats.items()}
+    n_tokens = {m: sum(s.tokens[0] for s in st) for m, st in stats.items()}
+    nfe = {m: sum(s.nfe[0] for s in st) for m, st in stats.items()}
+    widths = {m: collections.Counter(w for s in st for w in s.widths) for m, st in stats.items()}
 
-    # forward times on a cache as long as the average decoding context
-    T0 = prompts[0].size(1)
-    cache = model.new_cache(1, T0 + max_new + 2 * kk, device)
-    context = min(T0 + n_tokens["ntp"] // (2 * len(prompts)), model.max_seq_len - 2 * kk)
+    # forward times of every width the decodes fed, on a cache as long as a mid-answer context
+    T0, kk = prompts[0].size(1), exact.k
+    context = min(T0 + n_tokens["ntp"] // (2 * len(prompts)), model.max_seq_len - 2 * kk - 1)
+    cache = model.new_cache(1, context + 2 * kk + 1, device)
     model(torch.zeros(1, context, dtype=torch.long, device=device), cache=cache)
-    t = {"1": forward_time(model, cache, 1, 0), "k": forward_time(model, cache, 0, kk),
-         "2k": forward_time(model, cache, kk, kk)}
-    print(f"{description}, {len(prompts)} prompts decoded one at a time, greedy, {torch.get_num_threads()} threads")
-    print(f"forward times on a cache of {context}: t(1) = {1000 * t['1']:.2f} ms, t({kk}) = {1000 * t['k']:.2f} ms,"
-          f" t({2 * kk}) = {1000 * t['2k']:.2f} ms; t({kk})/t(1) = {t['k'] / t['1']:.2f}")
-    roof = cpu_roofline_times(model, context, (1, kk, 2 * kk), t["1"])
-    if roof:
-        print(f"    roofline of this CPU + the per-call overhead t(1) leaves ({1000 * (t['1'] - roof['bare'][1]):.2f} ms):"
-              f" t({kk})/t(1) = {roof[kk] / roof[1]:.2f}, t({2 * kk})/t(1) = {roof[2 * kk] / roof[1]:.2f} "
-              f"(measured {t['k'] / t['1']:.2f}, {t['2k'] / t['1']:.2f}; the roofline alone "
-              f"{roof['bare'][kk] / roof['bare'][1]:.2f}, {roof['bare'][2 * kk] / roof['bare'][1]:.2f})")
-    print(f"NTP: {n_tokens['ntp']} tokens in {nfe['ntp']} forwards, decode {decode_time['ntp']:.2f} s "
-          f"({1000 * decode_time['ntp'] / n_tokens['ntp']:.2f} ms/token)")
+    t = {w: forward_time(model, cache, w) for w in sorted({1, kk, 2 * kk}.union(*widths.values()))}
+    print(f"{description}, {len(prompts)} prompts decoded one at a time, "
+          f"{torch.get_num_threads()} threads")
+    print(f"forward times on a cache of {context}: t(1) = {1000 * t[1]:.2f} ms, t({kk}) = "
+          f"{1000 * t[kk]:.2f} ms, t({2 * kk}) = {1000 * t[2 * kk]:.2f} ms; "
+          f"t({kk})/t(1) = {t[kk] / t[1]:.2f}")
+    print(f"NTP: {n_tokens['ntp']} tokens in {nfe['ntp']} forwards, decode "
+          f"{decode_time['ntp']:.2f} s ({1000 * decode_time['ntp'] / n_tokens['ntp']:.2f} ms/token)")
     ntp_per_token = decode_time["ntp"] / n_tokens["ntp"]
-    if g is None:
-        print(f"SBD k={kk}: not timed, no γ kept it within its accuracy budget on val (--gamma times it anyway)")
-    names = {"sbd": f"SBD k={kk} γ={g if g is not None else 0:g}", "exact": f"exact SBD k={kk} γ={g_exact:g}"}
-    for mode in [m for m in ("sbd", "exact") if m in stats]:
-        name = names[mode]
-        widths = [sum(c) for c in zip(*(forward_widths(s) for s in stats[mode]))]
-        predicted = (widths[0] * t["k"] + widths[1] * t["2k"]) / n_tokens[mode]  # seconds per token
+    for mode in (m for m in ("sbd", "exact") if m in stats):
+        s = modes[mode]
         measured = decode_time[mode] / n_tokens[mode]
-        l = nfe[mode] / sum(n_blocks(s) for s in stats[mode])  # forwards per block
-        checked = (f", {sum(s.accepted[0] for s in stats[mode])} drafts kept, "
-                   f"{sum(s.rejected[0] for s in stats[mode])} rejected, "
-                   f"{sum(s.final_checks[0] for s in stats[mode])} final checks") if mode == "exact" else ""
-        print(f"{name}: {n_tokens[mode]} tokens in {nfe[mode]} forwards ({n_tokens[mode] / nfe[mode]:.2f} tok/fwd, "
-              f"l = {l:.2f} forwards per block{checked}), decode {decode_time[mode]:.2f} s "
-              f"({1000 * measured:.2f} ms/token)")
-        eq16 = kk * t["1"] / (t["2k"] + (l - 1) * t["k"])
-        if roof:
-            eq16 = f"{eq16:.2f}x; with the roofline's times {kk * roof[1] / (roof[2 * kk] + (l - 1) * roof[kk]):.2f}x"
-        else:
-            eq16 = f"{eq16:.2f}x"
-        print(f"    NFE speed-up {(nfe['ntp'] / n_tokens['ntp']) / (nfe[mode] / n_tokens[mode]):.2f}x; wall clock vs "
-              f"NTP: measured {ntp_per_token / measured:.2f}x, predicted from the forward times "
-              f"{t['1'] / predicted:.2f}x (Eq. 16 with l = {l:.2f}: {eq16}); measured / predicted = "
-              f"{(ntp_per_token / measured) / (t['1'] / predicted):.2f} (goal >= 0.8); time beyond the forwards: "
-              f"{1000 * (decode_time[mode] - predicted * n_tokens[mode]) / nfe[mode]:.2f} ms per forward")
+        predicted = sum(t[w] * n for w, n in widths[mode].items()) / n_tokens[mode]
+        blocks = sum(math.ceil(st.tokens[0] / kk) for st in stats[mode])
+        forwards_per_block = nfe[mode] / blocks
+        eq16 = kk * t[1] / (t[2 * kk] + (forwards_per_block - 1) * t[kk])
+        checked = ""
+        if mode == "exact":
+            checked = (f", {sum(st.accepted[0] for st in stats[mode])} drafts kept, "
+                       f"{sum(st.rejected[0] for st in stats[mode])} rejected")
+        print(f"{mode_label(s)} k={kk} γ={s.gamma:g}: {n_tokens[mode]} tokens in {nfe[mode]} "
+              f"forwards ({n_tokens[mode] / nfe[mode]:.2f} tok/fwd, "
+              f"{forwards_per_block:.2f} forwards per block{checked}), decode "
+              f"{decode_time[mode]:.2f} s ({1000 * measured:.2f} ms/token)")
+        print(f"    wall clock vs NTP: measured {ntp_per_token / measured:.2f}x, predicted from the "
+              f"forward times of the widths fed {t[1] / predicted:.2f}x (Eq. 16 with l = "
+              f"{forwards_per_block:.2f}: {eq16:.2f}x); measured / predicted = "
+              f"{(ntp_per_token / measured) / (t[1] / predicted):.2f}; time beyond the forwards: "
+              f"{1000 * (decode_time[mode] - predicted * n_tokens[mode]) / nfe[mode]:.2f} ms per "
+              "forward")
     same = all(a.tokens == b.tokens for a, b in zip(stats["ntp"], stats["exact"]))
     print(f"exact SBD output == NTP output on every prompt: {same}")
+
+
+def mode_label(settings):
+    return "exact SBD" if settings.exact else "SBD"
 
 
 def cpu_roofline_times(model, kv, ks, t1):
@@ -278,7 +249,7 @@ def block_forward_times(model, kv):
     """{k: seconds of one k-token forward on a KV cache of kv tokens}, batch 1, k in roofline_ks: the fastest
     round's median (another job on the core only ever slows a round down).
 
-    k = 1 is an NTP step (no mask, as sbd.ntp_generate); k > 1 is an SBD block that attends to the cache and
+    k = 1 is an NTP step (no mask, as generate.ntp_generate); k > 1 is an SBD block that attends to the cache and
     to itself (sbd.hybrid_mask), its keys written into the cache's spare slots (a view, no copy) and dropped
     after (cache.length reset).
     """
@@ -286,7 +257,7 @@ def block_forward_times(model, kv):
     vocab = model.lm_head.weight.size(0)
     model(torch.randint(0, vocab, (1, kv), device=device), cache=cache)  # the prefix
     tokens = torch.randint(0, vocab, (1, max(roofline_ks)), device=device)
-    masks = {k: None if k == 1 else dense_mask(lambda q, key: sbd.hybrid_mask(q, key, kv), k, kv + k,
+    masks = {k: None if k == 1 else dense_mask(lambda q, key: hybrid_mask(q, key, kv), k, kv + k,
                                                query_offset=kv, device=device) for k in roofline_ks}
     rounds = {k: [] for k in roofline_ks}
     for _ in range(roofline_rounds):

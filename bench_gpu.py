@@ -12,7 +12,7 @@ Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of th
 2. The time of a k-token forward on top of the same cache over the 1-token forward, k = 1, 2, 4, ..., 64: what
    SBD pays per forward for predicting k tokens at once (the paper models it: 1.004 at k=16, 1.015 at k=64 for
    FP8 on an H100 at KV length 16; here it is measured, bf16, eager PyTorch). Two columns: the forward itself
-   (the block's keys are written into the cache's spare slots, a view, no copy), and sbd.block_forward exactly
+   (the block's keys are written into the cache's spare slots, a view, no copy), and generate.block_forward exactly
    as decoding runs it (a block is never committed, so KVCache.extend concatenates [cache ; block]: a copy of
    the cache per layer). Before the table, the SDPA kernels that accept such a block forward (a boolean mask and
    grouped-query heads: torch's docs say only the flash and math kernels do GQA, and flash takes no mask, so a
@@ -41,9 +41,10 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import roofline
-import sbd
-from configurator import configure
-from model import LLAMA_PRESETS, Llama, LlamaConfig, autodetect_device, dense_mask
+import generate
+from configurator import configure, pick_device
+from model import LLAMA_PRESETS, Llama, LlamaConfig, dense_mask
+from sbd import hybrid_mask
 
 # -----------------------------------------------------------------------------
 preset = "llama3.1-8b"  # a key of model.LLAMA_PRESETS ('llama-tiny' for a CPU smoke test)
@@ -130,7 +131,7 @@ def build_model(config, device, dtype):
 
 
 torch.manual_seed(seed)
-device = device or autodetect_device()
+device = pick_device(device)
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 config = LlamaConfig(**LLAMA_PRESETS[preset])
 if max(kv_lengths) + 3 * max(ks) > config.max_seq_len:
@@ -165,7 +166,7 @@ with torch.inference_mode():
         def reset():  # every timed forward starts from L0 cached tokens
             cache.length = L0
 
-        # 1. NTP decoding: one token in, committed to the cache (the view path, as sbd.ntp_generate runs it)
+        # 1. NTP decoding: one token in, committed to the cache (the view path, as generate.ntp_generate runs it)
         t1 = median_ms(lambda: model(tokens[:, :1], cache=cache), reset)
         step_bytes = weight_bytes + L0 * kv_bytes_per_token
         ceiling = f", {step_bytes / (t1 / 1000) / 1e9 / bandwidth:.0%} of {bandwidth:g} GB/s; ceiling " \
@@ -178,27 +179,27 @@ with torch.inference_mode():
 
         # 2. k tokens in one forward over the same cache, as a block attending to the prefix and to itself
         def block_mask(k):
-            return dense_mask(lambda q, key: sbd.hybrid_mask(q, key, L0), k, L0 + k, query_offset=L0, device=device)
+            return dense_mask(lambda q, key: hybrid_mask(q, key, L0), k, L0 + k, query_offset=L0, device=device)
 
         print(f"KV {L0}: SDPA kernels that take a masked grouped-query block of {max(ks)}: "
               f"{sdpa_kernels(max(ks), block_mask(max(ks)))}")
         print(f"KV {L0}: k-token forward / 1-token forward, median of {reps}")
-        print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'sbd.block_forward ms':>21} {'ratio':>7} {'roofline':>9}")
+        print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'generate.block_forward ms':>21} {'ratio':>7} {'roofline':>9}")
         times, sbd_times = {}, {}
         for k in ks:
             mask = block_mask(k)
             times[k] = median_ms(lambda: model(tokens[:, :k], mask=mask, cache=cache, n_commit=k), reset)
-            sbd_times[k] = median_ms(lambda: sbd.block_forward(model, cache, tokens[:, :0], tokens[:, :k]), reset)
+            sbd_times[k] = median_ms(lambda: generate.block_forward(model, cache, tokens[:, :0], tokens[:, :k]), reset)
             predicted = f"{roofline.slowdown(model_time, k, L0, 1, hw):9.3f}" if model_time else f"{'-':>9}"
             print(f"{k:4d} {times[k]:11.2f} {times[k] / t1:7.3f} {sbd_times[k]:21.2f} {sbd_times[k] / t1:7.3f} "
                   f"{predicted}")
 
         # 3. Eq. 16: a block of 16 in 4 forwards; the first one also commits the previous block (2k tokens in)
         if 16 in ks and 32 in ks:
-            first = median_ms(lambda: sbd.block_forward(model, cache, tokens[:, :16], tokens[:, 16:32]), reset)
+            first = median_ms(lambda: generate.block_forward(model, cache, tokens[:, :16], tokens[:, 16:32]), reset)
             predicted = f", this roofline {roofline.eq16(model_time, 16, 4, L0, 1, hw):.2f}x" if model_time else ""
             print(f"KV {L0}: Eq. 16, k=16 in l=4 forwards: wall-clock speed-up "
                   f"{16 * t1 / (times[32] + 3 * times[16]):.2f}x (forward column), "
-                  f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (sbd.block_forward); the paper's roofline 3.98x"
+                  f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (generate.block_forward); the paper's roofline 3.98x"
                   f"{predicted}")
         del cache

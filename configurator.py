@@ -15,13 +15,42 @@ Both override the globals in order. Unlike nanoGPT's configurator:
 
 import ast
 import difflib
+import sys
 import types
 
 CONFIG_TYPES = (int, float, bool, str, tuple, list, type(None))
 
 
 class ConfigError(ValueError):
-    pass
+    """Bad input from the user: a setting, a file, a device. The entry points print its message on
+    one line and exit with status 2; any other exception is a bug and keeps its traceback."""
+
+
+def report_errors(kind, error, traceback):
+    """sys.excepthook of every entry point (configure installs it)."""
+    if issubclass(kind, ConfigError):
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    sys.__excepthook__(kind, error, traceback)
+
+
+def pick_device(name=""):
+    """'' -> the best device there is (cuda -> mps -> cpu); a named one must exist."""
+    import torch  # here, so that configuring a script does not import torch
+
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if not name:
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    kind = name.split(":")[0]
+    there = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": mps}.get(kind)
+    if there is None:
+        raise ConfigError(f"unknown device {name!r}: use 'cpu', 'cuda', 'cuda:N' or 'mps'")
+    if not there:
+        raise ConfigError(f"device {name!r} is not available on this machine (torch "
+                          f"{torch.__version__}): leave device unset to pick the best one there is")
+    if kind == "cuda" and ":" in name and int(name.split(":")[1]) >= torch.cuda.device_count():
+        raise ConfigError(f"device {name!r}: this machine has {torch.cuda.device_count()} GPUs")
+    return name
 
 
 def config_keys(script_globals):
@@ -57,6 +86,9 @@ def parse_value(text):
 
 
 def configure(script_globals, argv, print_config=True):
+    """Apply config files and --key=value overrides to a script's settings -> the resolved config.
+    Installs report_errors, so that bad input ends in one line instead of a traceback."""
+    sys.excepthook = report_errors
     known = {k: script_globals[k] for k in config_keys(script_globals)}
     updates = {}
     for arg in argv:

@@ -1,31 +1,27 @@
 """
 The paper's Table 1 for a model with verifiable answers: accuracy and NFE speed-up of SBD against NTP.
 
-    python evaluate.py --out_dir=out-sbd-small        (train.py runs this at the end of the main job)
-    python evaluate.py --out_dir=out-sbd-llama1b --benchmark=gsm8k_test.jsonl [--val_benchmark=gsm8k_val.jsonl]
-                       (an SBD-tuned Llama on a JSONL benchmark, against the Llama it started from: evaluate_llama.py)
+    python evaluate.py --out_dir=out-sbd-small        (train.py runs this at the end of the demo)
+    python evaluate.py --out_dir=out-sbd-llama1b --benchmark=gsm8k_test.jsonl
+                       (an SBD-tuned Llama on a JSONL benchmark, against the Llama it started from)
 
-1. Calibrate γ on the val split (never test), for each block size k. Tiny models are over-confident, so the
-   paper's γ values are far too high for them (FINDINGS.md); γ is swept over a grid instead, upward.
-   γ_low is the largest γ such that no γ up to it loses more than low_target points of val accuracy against
-   NTP decoding (the better of the NTP baseline and the SBD model's own; γ_high: high_target points). "No γ
-   up to it", not "this γ": the sweep is noisy and not monotone, and a γ that passes by luck just past one
-   that fails would not pass on test. Each budget on val is half the loss the row may show on test (0.5 and 1.5
-   points for the demo's goals of 1 and 3): the largest γ that passes a noisy sweep passes partly by luck, and
-   on the demo's 1000 test problems it lost 0.7-1.9 points more than on val in four runs of six at a 2-point
-   budget (README Notes: γ calibration). A budget that no γ meets with fewer forwards than NTP gets no row,
-   and the report says so.
-   The exact mode (verify=True) needs no budget, its accuracy is NTP's by construction: its γ is the one
-   with the most tokens per forward on val.
-   The chosen values go into ckpt_sbd.pt (sample.py uses them by default) and out_dir/report.json.
-2. On the test split: NTP accuracy of the NTP baseline and of the SBD model itself; SBD at γ_low and
-   γ_high and exact SBD for each k (exact completions must equal the SBD model's NTP decoding: checked);
-   wall clock of NTP, SBD and exact SBD decoding one problem at a time.
-3. One test problem step by step, plain and exact; the γ sweep as a picture (out_dir/sweep.png, with
-   matplotlib installed).
-NFE speed-up = (forwards NTP decoding needed for the test set) / (forwards SBD decoding needed), every
-row decoded until its own stop token ("generate until", SBD.md). Prompts of different lengths are decoded
-together, left-padded (LeftPadded); every problem gets the same token budget in every mode.
+1. Calibrate γ on the val split (never test), for each block size k: a sweep upward over a grid.
+   γ_low is the largest γ such that no γ up to it loses more than low_target points of val
+   accuracy against NTP decoding (the better of the NTP baseline's and the SBD model's own; γ_high:
+   high_target points). "No γ up to it", not "this γ": the sweep is noisy and not monotone. Each
+   budget is half the loss its row may show on test, because the largest γ that passes a noisy
+   sweep passes partly by luck (docs/findings.md, γ is calibrated per model). A budget no γ meets
+   with fewer forwards than NTP gets no row. The exact mode needs no budget (its accuracy is NTP's
+   by construction): its γ is the one with the most tokens per forward on val. The choices go to
+   out_dir/calibration.json (settings.py), the whole report to out_dir/report.json.
+2. On the test split: NTP accuracy of the NTP baseline and of the SBD model itself; SBD at γ_low
+   and γ_high and exact SBD for each k (exact completions must equal the SBD model's NTP
+   decoding: checked); wall clock of NTP, SBD and exact SBD decoding one problem at a time.
+3. One test problem step by step, plain and exact; the γ sweep as a picture (out_dir/sweep.png,
+   with matplotlib installed).
+NFE speed-up = (forwards NTP decoding needed for the test set) / (forwards SBD decoding needed),
+every row decoded until its own stop token. Prompts of different lengths are decoded together,
+left-padded (LeftPadded); every problem gets the same token budget in every mode.
 """
 
 import json
@@ -37,126 +33,132 @@ import time
 
 import torch
 
-from configurator import configure
+from configurator import configure, pick_device
 from evaluate_llama import load_run
-from model import autodetect_device, load_checkpoint, save_checkpoint
-from sbd import format_steps, ntp_generate, sbd_generate
+from generate import format_steps
+from model import causal_mask, dense_mask, load_checkpoint
+from settings import decode, settings_for, write_calibration
 from task import CharTask, task_of_checkpoint
 
-# below 3e-4: ~1 token/forward. Dense at the low end, where a well-trained model's tokens per forward climb
-# steeply (k=16 on one seed: 3.0 at 3e-4, 4.2 at 5e-4, 5.1 at 7e-4, 6.2 at 1e-3) and γ_low usually lies
+# below 3e-4: ~1 token/forward. Dense at the low end, where a well-trained model's tokens per
+# forward climb steeply and γ_low usually lies
 GAMMA_GRID = [3e-4, 5e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3, 1.0]
 SATURATED = 1.02  # the sweep stops once a larger γ gains less than 2% tokens per forward
-# a real model is far less over-confident: around the paper's γ (reasoning 0.1 / 0.35, chat 0.35 / 0.6; SBD.md)
+# a real model is far less over-confident: around the paper's γ (reasoning 0.1 / 0.35, chat 0.35 /
+# 0.6; docs/method.md, The paper's results)
 LLAMA_GAMMA_GRID = [0.05, 0.1, 0.2, 0.35, 0.5, 0.6, 0.8, 1.0]
 EXACT_GRID = [0.01, 0.1, 1.0, 1e9]  # 1e9: every masked token at once, one forward per block
-EXACT_VAL_PROBLEMS = 200  # the exact mode's γ only sets its speed: a few hundred problems measure it well
-# what a setting left unset means: the small demo decodes a problem in milliseconds on a CPU, a Llama on a
-# benchmark in seconds on a GPU, so there the batch-1 parts (the exact mode's γ, the wall clock) use fewer problems
-DEFAULTS = dict(small=dict(grid=GAMMA_GRID, batch_size=250, exact_val_problems=EXACT_VAL_PROBLEMS, timing_problems=200),
-                benchmark=dict(grid=LLAMA_GAMMA_GRID, batch_size=64, exact_val_problems=50, timing_problems=20))
-MIN_NEW_TOKENS = 16  # a prompt must leave the model one block of k=16 to answer in; a longer one is skipped
+# settings left unset: the demo decodes a problem in milliseconds on a CPU, a Llama on a benchmark in
+# seconds on a GPU, so there the batch-1 parts (the exact mode's γ, the wall clock) use fewer problems
+DEFAULTS = dict(small=dict(grid=GAMMA_GRID, batch_size=250, exact_val_problems=200,
+                           timing_problems=200),
+                benchmark=dict(grid=LLAMA_GAMMA_GRID, batch_size=64, exact_val_problems=50,
+                               timing_problems=20))
+MIN_NEW_TOKENS = 16  # a prompt must leave the model one block of k=16 to answer in
 
 
 def skip_long_prompts(task, context):
-    """Drop the problems whose prompt leaves fewer than MIN_NEW_TOKENS of the model's context, and say how many;
-    -> {split: number skipped}. (The others get max_new_tokens cut to what the context leaves them: new_tokens.)"""
+    """Drop the problems whose prompt leaves fewer than MIN_NEW_TOKENS of the model's context, and
+    say how many; -> {split: number skipped}. The others get max_new_tokens cut to what the context
+    leaves them (new_tokens)."""
     skipped = {}
     for split, problems in task.splits.items():
         keep = [p for p in problems if len(task.encode_prompt(p[0])) + MIN_NEW_TOKENS <= context]
         skipped[split] = len(problems) - len(keep)
         if skipped[split]:
-            print(f"{task.name} {split}: skipped {skipped[split]} of {len(problems)} problems whose prompt is longer "
-                  f"than the model's context ({context} tokens) minus {MIN_NEW_TOKENS}")
+            print(f"{task.name} {split}: skipped {skipped[split]} of {len(problems)} problems whose "
+                  f"prompt is longer than the model's context ({context}) minus {MIN_NEW_TOKENS}")
         if not keep:
-            raise ValueError(f"{task.name}: no {split} problem fits the model's context of {context} tokens")
+            raise ValueError(f"{task.name}: no {split} problem fits the model's context of {context}")
         task.splits[split] = keep
     return skipped
 
 
 def new_tokens(task, model, n_prompt):
-    """max_new_tokens for a prompt of n_prompt tokens: the task's, cut so that prompt + completion fit the model's
-    context. Every mode decodes a problem with the same budget, whatever batch it lands in."""
+    """max_new_tokens for a prompt of n_prompt tokens: the task's, cut so that prompt + completion
+    fit the model's context. Every mode decodes a problem with the same budget, in any batch."""
     return min(task.max_new_tokens, model.max_seq_len - n_prompt)
 
 
-def decode(model, task, prompts, mode, k, gamma, max_new_tokens):
-    """One batch of prompts (B, T0) -> (token lists, DecodeStats); mode 'ntp', 'sbd' or 'exact'."""
-    args = dict(stop_ids=task.stop_ids, mask_id=task.mask_id)
-    if mode == "ntp":
-        return ntp_generate(model, prompts, max_new_tokens, **args)
-    return sbd_generate(model, prompts, k, gamma, max_new_tokens=max_new_tokens, verify=mode == "exact", **args)
-
-
 class LeftPadded(torch.nn.Module):
-    """A batch of prompts of different lengths, left-padded to one length, decoded as if each row were alone.
+    """A batch of prompts of different lengths, left-padded to one length, decoded as if each row
+    were alone.
 
-    Row b starts with n_pad[b] filler slots. Every forward hides them: its mask (the decoder's own, or the causal
-    default) also forbids keys in a row's filler slots, except a filler's own key (a query that sees no key would
-    make softmax NaN), and the position ids are slot - n_pad[b], so row b's tokens get the positions they have
-    alone. The fillers' keys and values sit in the KV cache unread. Exact up to float rounding: the attention
-    sums run over more (zero-weight) keys than they would alone.
+    Row b starts with n_pad[b] filler slots. Every forward hides them: its mask (the decoder's
+    own, or the causal default) also forbids keys in a row's filler slots, and the position ids are
+    slot - n_pad[b], so row b's tokens get the positions they have alone. In the prefill a filler
+    query keeps its own key (a query that sees no key would make softmax NaN). Exact up to float
+    rounding: the attention sums run over more (zero-weight) keys than they would alone.
     """
 
     def __init__(self, model, n_pad):
         super().__init__()
         self.model, self.n_pad = model, n_pad  # n_pad (B,) on the model's device
         self.config, self.max_seq_len, self.new_cache = model.config, model.max_seq_len, model.new_cache
-        self.ntp_head = getattr(model, "ntp_head", True)
 
     def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
         B, T = idx.size()
-        L = cache.length if cache is not None else 0
-        slots = torch.arange(L, L + T, device=idx.device)  # (T,) slots of the new tokens
-        keys = torch.arange(L + T, device=idx.device)  # (S,) slots of [cache ; new tokens]
-        if mask is None:  # the decoders' default: causal
-            mask = keys[None, :] <= slots[:, None]  # (T, S)
-        real = keys[None, :] >= self.n_pad[:, None]  # (B, S): not a filler
-        mask = mask & real[:, None, :] | (keys[None, :] == slots[:, None])  # (B, T, S)
-        pos = ((slots if pos is None else pos) - self.n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0
+        own = None
+        if pos is None or mask is None:  # the decoders' defaults: slot positions, causal
+            n_cached = cache.length if cache is not None else 0
+            pos = torch.arange(n_cached, n_cached + T, device=idx.device) if pos is None else pos
+            if mask is None:
+                own = dense_mask(lambda q, kv: kv == q, T, n_cached + T, n_cached, idx.device)
+                mask = dense_mask(causal_mask, T, n_cached + T, n_cached, idx.device)
+        real = torch.arange(mask.size(-1), device=idx.device) >= self.n_pad[:, None]  # (B, S)
+        mask = mask & real[:, None, :]  # (B, T, S): no filler key
+        if own is not None:
+            mask = mask | own
+        pos = (pos - self.n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0
         return self.model(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
 
 
 def batches(task, model, problems, batch_size):
-    """Problems sorted by prompt length, in batches of up to batch_size that share one token budget, left-padded
-    to the longest prompt -> [(indices, (B, T0) prompts, (B,) filler counts, max_new_tokens)].
-    Sorting keeps the filler few: a batch spans the lengths of neighbouring prompts."""
+    """Problems sorted by prompt length, in batches of up to batch_size that share one token
+    budget, left-padded to the longest prompt -> [(indices, (B, T0) prompts, (B,) filler counts,
+    max_new_tokens)]. Sorting keeps the filler few: a batch spans neighbouring prompt lengths."""
     encoded = sorted(((new_tokens(task, model, len(ids)), len(ids), i, ids)
-                      for i, ids in enumerate(task.encode_prompt(p) for p, _ in problems)), key=lambda e: e[:3])
+                      for i, ids in enumerate(task.encode_prompt(p) for p, _ in problems)),
+                     key=lambda e: e[:3])
     start = 0
     while start < len(encoded):
         end = start + 1
-        while end < len(encoded) and end - start < batch_size and encoded[end][0] == encoded[start][0]:
+        while (end < len(encoded) and end - start < batch_size
+               and encoded[end][0] == encoded[start][0]):
             end += 1
         chunk, start = encoded[start:end], end
         T0 = max(n for _, n, _, _ in chunk)
-        prompts = torch.tensor([[0] * (T0 - n) + ids for _, n, _, ids in chunk])  # filler id 0: never attended to
-        yield [i for _, _, i, _ in chunk], prompts, torch.tensor([T0 - n for _, n, _, _ in chunk]), chunk[0][0]
+        prompts = torch.tensor([[0] * (T0 - n) + ids for _, n, _, ids in chunk])  # filler id 0
+        yield ([i for _, _, i, _ in chunk], prompts, torch.tensor([T0 - n for _, n, _, _ in chunk]),
+               chunk[0][0])
 
 
 @torch.no_grad()
-def solve(model, task, problems, mode, k=16, gamma=0.0, batch_size=250):
-    """Decode and grade every problem -> dict(accuracy %, forwards, tokens, seconds, completions, rejected).
-
-    mode 'exact' decodes one problem at a time (sbd_generate(verify=True) is batch 1)."""
+def solve(model, task, problems, settings, ntp=False, batch_size=250):
+    """Decode and grade every problem -> dict(accuracy %, forwards, tokens, rejected, seconds,
+    completions). settings: how to decode (settings.decode; ntp=True: NTP decoding)."""
     device = next(model.parameters()).device
-    batch_size = 1 if mode == "exact" else batch_size
     completions, forwards, tokens, rejected, n_done = [None] * len(problems), 0, 0, 0, 0
     t0 = last_print = time.perf_counter()
     for indices, prompts, n_pad, max_new_tokens in batches(task, model, problems, batch_size):
-        padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model  # equal lengths: the plain path
-        out, stats = decode(padded, task, prompts.to(device), mode, k, gamma, max_new_tokens)
+        padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model
+        out, stats = decode(padded, prompts.to(device), settings, max_new_tokens, ntp=ntp)
         for i, ids in zip(indices, out):
             completions[i] = task.decode(ids)
-        forwards, tokens, n_done = forwards + sum(stats.nfe), tokens + sum(stats.tokens), n_done + len(indices)
-        rejected += sum(stats.rejected or [0])
-        if time.perf_counter() - last_print > 30:  # a progress line on long runs (a Llama on a benchmark)
+        forwards, tokens = forwards + sum(stats.nfe), tokens + sum(stats.tokens)
+        rejected, n_done = rejected + sum(stats.rejected or [0]), n_done + len(indices)
+        if time.perf_counter() - last_print > 30:  # a progress line on long runs
             last_print = time.perf_counter()
-            print(f"    {mode} k={k} γ={gamma:g}: {n_done}/{len(problems)} problems, {last_print - t0:.0f} s, "
+            what = "NTP" if ntp else f"{mode_name(settings)} k={settings.k} γ={settings.gamma:g}"
+            print(f"    {what}: {n_done}/{len(problems)} problems, {last_print - t0:.0f} s, "
                   f"~{(last_print - t0) * (len(problems) - n_done) / n_done:.0f} s to go", flush=True)
     correct = sum(task.is_correct(c, reference) for c, (_, reference) in zip(completions, problems))
-    return dict(accuracy=100.0 * correct / len(problems), forwards=forwards, tokens=tokens, rejected=rejected,
-                seconds=time.perf_counter() - t0, completions=completions)
+    return dict(accuracy=100.0 * correct / len(problems), forwards=forwards, tokens=tokens,
+                rejected=rejected, seconds=time.perf_counter() - t0, completions=completions)
+
+
+def mode_name(settings):
+    return "exact SBD" if settings.exact else "SBD"
 
 
 def tokens_per_forward(r):
@@ -164,8 +166,8 @@ def tokens_per_forward(r):
 
 
 def within_budget(sweep, floor):
-    """The largest γ of an upward sweep [(γ, result)] such that every γ up to it keeps val accuracy >= floor,
-    if it decodes with fewer forwards than NTP (tokens per forward > 1); None otherwise."""
+    """The largest γ of an upward sweep [(γ, result)] such that every γ up to it keeps val accuracy
+    >= floor, if it decodes with fewer forwards than NTP (tokens per forward > 1); else None."""
     passed = []
     for g, r in sweep:
         if r["accuracy"] < floor:
@@ -174,25 +176,28 @@ def within_budget(sweep, floor):
     return passed[-1][0] if passed and tokens_per_forward(passed[-1][1]) > 1 else None
 
 
-def calibrate(model, task, ntp_val_accuracy, k, low_target, high_target, grid=GAMMA_GRID, batch_size=250,
-              exact_val_problems=EXACT_VAL_PROBLEMS):
-    """-> dict(low=γ or None, high=γ or None, exact=γ, sweep=[(γ, val acc, tok/fwd)], exact_sweep=[...])."""
+def calibrate(model, task, base, ntp_val_accuracy, k, low_target, high_target, grid=GAMMA_GRID,
+              batch_size=250, exact_val_problems=200, exact_batch_size=1):
+    """-> dict(low=γ or None, high=γ or None, exact=γ, sweep=[(γ, val acc, tok/fwd)],
+    exact_sweep=[(γ, tok/fwd)]). base: the DecodeSettings every γ of the sweep starts from."""
     val, sweep = task.splits["val"], []
     for g in grid:  # upward, and no further than a γ could still be chosen and gain something:
-        r = solve(model, task, val, "sbd", k, g, batch_size)
+        r = solve(model, task, val, base.replace(k=k, gamma=g), batch_size=batch_size)
         sweep.append((g, r))
         print(f"  calibrate k={k:2d} γ={g:<7g} val accuracy {r['accuracy']:6.2f}%  "
               f"{tokens_per_forward(r):5.2f} tokens/forward")
         if r["accuracy"] < ntp_val_accuracy - high_target:
             break  # no larger γ can be chosen (the rule of within_budget)
         if len(sweep) > 1 and tokens_per_forward(r) < SATURATED * tokens_per_forward(sweep[-2][1]):
-            break  # a larger γ would only add risk: the block is about as fast as it gets (one forward per block)
+            break  # a larger γ would only add risk: the block is about as fast as it gets
     exact_sweep = []
     for g in EXACT_GRID:
-        r = solve(model, task, val[:exact_val_problems], "exact", k, g)
+        settings = base.replace(k=k, gamma=g, exact=True)
+        r = solve(model, task, val[:exact_val_problems], settings, batch_size=exact_batch_size)
         exact_sweep.append((g, r))
         print(f"  calibrate exact k={k:2d} γ={g:<7g} {tokens_per_forward(r):5.2f} tokens/forward "
-              f"({r['rejected']} drafts rejected on {min(len(val), exact_val_problems)} val problems)")
+              f"({r['rejected']} drafts rejected on {min(len(val), exact_val_problems)} val "
+              "problems)")
     return dict(low=within_budget(sweep, ntp_val_accuracy - low_target),
                 high=within_budget(sweep, ntp_val_accuracy - high_target),
                 exact=max(exact_sweep, key=lambda gr: tokens_per_forward(gr[1]))[0],
@@ -200,63 +205,74 @@ def calibrate(model, task, ntp_val_accuracy, k, low_target, high_target, grid=GA
                 exact_sweep=[(g, tokens_per_forward(r)) for g, r in exact_sweep])
 
 
-def table_rows(ntp_model, sbd_model, task, calibration, budgets, batch_size=250):
+def table_rows(ntp_model, sbd_model, task, base, calibration, budgets, batch_size=250,
+               exact_batch_size=1):
     """Table 1 on test -> [(name, result)]; a budget no γ met is a row with result None.
-    An exact row's result also counts the problems whose completion equals the SBD model's NTP decoding."""
+    An exact row's result also counts the problems whose completion equals the SBD model's NTP
+    decoding."""
     test = task.splits["test"]
-    baseline = solve(ntp_model, task, test, "ntp", batch_size=batch_size)
-    sbd_ntp = solve(sbd_model, task, test, "ntp", batch_size=batch_size)
+    baseline = solve(ntp_model, task, test, base, ntp=True, batch_size=batch_size)
+    sbd_ntp = solve(sbd_model, task, test, base, ntp=True, batch_size=batch_size)
     rows = [("NTP baseline", baseline), ("SBD model, NTP decoding", sbd_ntp)]
     for k, chosen in calibration.items():
-        decoded = {}  # γ -> result: γ_low and γ_high are often the same γ (k=8 at its ceiling), decoded once
+        decoded = {}  # γ -> result: γ_low and γ_high are often one γ, decoded once
         for name in ("low", "high"):
             g = chosen[name]
             if g is not None and g not in decoded:
-                decoded[g] = solve(sbd_model, task, test, "sbd", k, g, batch_size)
+                decoded[g] = solve(sbd_model, task, test, base.replace(k=k, gamma=g),
+                                   batch_size=batch_size)
             rows.append((f"SBD k={k} γ_{name}={g:g}" if g is not None else
-                         f"SBD k={k} γ_{name}: no γ within {budgets[name]} points on val", decoded.get(g)))
-        exact = solve(sbd_model, task, test, "exact", k, chosen["exact"])
-        exact["same_as_ntp"] = same = sum(a == b for a, b in zip(exact["completions"], sbd_ntp["completions"]))
-        # the whole point of the exact mode: never let a difference pass unnoticed. In fp32 a batch row and a lone
-        # row round alike, so a difference is a bug; in bf16 the batched NTP decoding (other kernels, padding) may
-        # break a near-tie the other way: print_table counts those under the table
+                         f"SBD k={k} γ_{name}: no γ within {budgets[name]} points on val",
+                         decoded.get(g)))
+        exact = solve(sbd_model, task, test, base.replace(k=k, gamma=chosen["exact"], exact=True),
+                      batch_size=exact_batch_size)
+        same = sum(a == b for a, b in zip(exact["completions"], sbd_ntp["completions"]))
+        exact["same_as_ntp"] = same
+        # the point of the exact mode: never let a difference pass unnoticed. In fp32 a batch row
+        # and a lone row round alike, so a difference is a bug; in bf16 the batched NTP decoding
+        # may break a near-tie the other way: print_table counts those under the table
         if same != len(test) and next(sbd_model.parameters()).dtype == torch.float32:
-            raise RuntimeError(f"exact SBD k={k} differs from the SBD model's NTP decoding on {len(test) - same} "
-                               f"of {len(test)} test problems: a bug, or argmax ties broken differently")
+            raise RuntimeError(f"exact SBD k={k} differs from the SBD model's NTP decoding on "
+                               f"{len(test) - same} of {len(test)} test problems")
         rows.append((f"SBD exact k={k} γ={chosen['exact']:g}", exact))
     return rows
 
 
 def print_table(rows, task):
     baseline = rows[0][1]
-    print(f"\nTable 1 on {len(task.splits['test'])} held-out test problems of {task.name} (greedy decoding):")
-    print(f"{'':34s} {'accuracy':>9s} {'Δ vs NTP':>9s} {'forwards':>9s} {'tok/fwd':>8s} {'NFE speed-up':>13s}")
+    print(f"\nTable 1 on {len(task.splits['test'])} held-out test problems of {task.name} "
+          "(greedy decoding):")
+    print(f"{'':34s} {'accuracy':>9s} {'Δ vs NTP':>9s} {'forwards':>9s} {'tok/fwd':>8s} "
+          f"{'NFE speed-up':>13s}")
     for name, r in rows:
         if r is None:
             print(f"{name}")
             continue
-        print(f"{name:34s} {r['accuracy']:8.2f}% {r['accuracy'] - baseline['accuracy']:+9.2f} {r['forwards']:9d} "
-              f"{tokens_per_forward(r):8.2f} {baseline['forwards'] / r['forwards']:12.2f}x")
+        print(f"{name:34s} {r['accuracy']:8.2f}% {r['accuracy'] - baseline['accuracy']:+9.2f} "
+              f"{r['forwards']:9d} {tokens_per_forward(r):8.2f} "
+              f"{baseline['forwards'] / r['forwards']:12.2f}x")
     n = len(task.splits["test"])
     exact = [(name, r["same_as_ntp"]) for name, r in rows if name.startswith("SBD exact")]
     if exact and all(same == n for _, same in exact):
-        print("exact rows: completions identical to the SBD model's NTP decoding on every test problem (checked)")
+        print("exact rows: completions identical to the SBD model's NTP decoding on every test "
+              "problem (checked)")
     else:  # bf16 only (table_rows raises in fp32)
         for name, same in exact:
-            print(f"{name}: completions identical to the SBD model's batched NTP decoding on {same} of {n} test "
-                  "problems (bf16: batched and lone decoding round differently and can break a near-tie the other way)")
+            print(f"{name}: completions identical to the SBD model's batched NTP decoding on "
+                  f"{same} of {n} test problems (bf16: batched and lone decoding round "
+                  "differently and can break a near-tie the other way)")
 
 
 def row_key(name):
-    """A row's name without its γ value ('SBD k=16 γ_low=0.01' -> 'SBD k=16 γ_low'), so that runs whose
-    calibration chose other values still compare row by row (seeds.py)."""
+    """A row's name without its γ value ('SBD k=16 γ_low=0.01' -> 'SBD k=16 γ_low'), so that runs
+    whose calibration chose other values still compare row by row (seeds.py)."""
     return re.sub(r" γ=\S+$", "", re.sub(r"(γ_low|γ_high)(=\S+|: .*)$", r"\1", name))
 
 
 def operating_point(calibration):
-    """The k whose γ_low decodes with the fewest forwards on val (sample.py's default), or None if no k has one."""
-    speed = {k: dict((g, tpf) for g, _, tpf in c["sweep"])[c["low"]] for k, c in calibration.items()
-             if c["low"] is not None}
+    """The k whose γ_low decodes with the fewest forwards on val, or None if no k has one."""
+    speed = {k: dict((g, tpf) for g, _, tpf in c["sweep"])[c["low"]]
+             for k, c in calibration.items() if c["low"] is not None}
     return max(speed, key=speed.get) if speed else None
 
 
@@ -265,38 +281,43 @@ def exact_operating_point(calibration):
     return max(calibration, key=lambda k: max(tpf for _, tpf in calibration[k]["exact_sweep"]))
 
 
-def wall_clock(ntp_model, sbd_model, task, calibration, k, k_exact, n):
-    """Seconds to decode the first n test problems one at a time: NTP, SBD at k's γ_low (k None: no γ_low on
-    val), exact SBD at k_exact."""
+def wall_clock(ntp_model, sbd_model, task, base, calibration, k, k_exact, n):
+    """Seconds to decode the first n test problems one at a time: NTP, SBD at k's γ_low (k None:
+    no γ_low on val), exact SBD at k_exact."""
     problems = task.splits["test"][:n]
-    wall = {"ntp": solve(ntp_model, task, problems, "ntp", batch_size=1)["seconds"]}
+    wall = {"ntp": solve(ntp_model, task, problems, base, ntp=True, batch_size=1)["seconds"]}
     parts = [f"NTP {wall['ntp']:.2f} s"]
     if k is not None:
         g = calibration[k]["low"]
-        wall["sbd"] = solve(sbd_model, task, problems, "sbd", k, g, batch_size=1)["seconds"]
+        settings = base.replace(k=k, gamma=g)
+        wall["sbd"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
         parts.append(f"SBD k={k} γ={g:g} {wall['sbd']:.2f} s ({wall['ntp'] / wall['sbd']:.2f}x)")
     g = calibration[k_exact]["exact"]
-    wall["exact"] = solve(sbd_model, task, problems, "exact", k_exact, g)["seconds"]
-    parts.append(f"exact SBD k={k_exact} γ={g:g} {wall['exact']:.2f} s ({wall['ntp'] / wall['exact']:.2f}x)")
-    print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache all): "
-          + ", ".join(parts))
+    settings = base.replace(k=k_exact, gamma=g, exact=True)
+    wall["exact"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
+    parts.append(f"exact SBD k={k_exact} γ={g:g} {wall['exact']:.2f} s "
+                 f"({wall['ntp'] / wall['exact']:.2f}x)")
+    print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache "
+          "all): " + ", ".join(parts))
     return wall
 
 
-def step_views(sbd_model, task, calibration, k, k_exact):
-    """One test problem step by step at k's γ_low (plain; k None: none), and a problem where the exact mode at
-    k_exact rejected a draft."""
+def step_views(sbd_model, task, base, calibration, k, k_exact):
+    """One test problem step by step at k's γ_low (plain; k None: none), and a problem where the
+    exact mode at k_exact rejected a draft."""
     device = next(sbd_model.parameters()).device
-    views = [("SBD", k, calibration[k]["low"], False)] if k is not None else []
-    for name, k, g, verify in views + [("exact SBD", k_exact, calibration[k_exact]["exact"], True)]:
+    views = [base.replace(k=k, gamma=calibration[k]["low"])] if k is not None else []
+    views.append(base.replace(k=k_exact, gamma=calibration[k_exact]["exact"], exact=True))
+    for settings in views:
         for prompt, _ in task.splits["test"][:50]:
             ids = torch.tensor([task.encode_prompt(prompt)], device=device)
-            _, stats = sbd_generate(sbd_model, ids, k, g, mask_id=task.mask_id, stop_ids=task.stop_ids, verify=verify,
-                                    max_new_tokens=new_tokens(task, sbd_model, ids.size(1)), record_steps=True)
-            if not verify or stats.rejected[0]:  # show the exact mode where it had something to correct
+            n = new_tokens(task, sbd_model, ids.size(1))
+            _, stats = decode(sbd_model, ids, settings, n, record_steps=True)
+            if not settings.exact or stats.rejected[0]:  # show where exact had something to correct
                 break
-        print(f"\none test problem, {name} k={k} γ={g:g}, step by step ([x] = revealed by that forward, _ = masked"
-              + (", ~x~ = rejected drafts, {y} = NTP's token in their place" if verify else "") + "):")
+        legend = ", ~x~ = rejected drafts, {y} = NTP's token in their place" if settings.exact else ""
+        print(f"\none test problem, {mode_name(settings)} k={settings.k} γ={settings.gamma:g}, step "
+              f"by step ([x] = revealed by that forward, _ = masked{legend}):")
         print(format_steps(stats.steps, task.decode, task.mask_id, prompt=prompt))
 
 
@@ -341,18 +362,20 @@ def plot_sweep(calibration, ntp_val_accuracy, path):
 
 
 def load_small_run(out_dir, device):
-    """The small demo: (NTP baseline out_dir/ckpt_ntp.pt, SBD model ckpt_sbd.pt, its checkpoint, its data/ task)."""
+    """The small demo: (NTP baseline ckpt_ntp.pt, SBD model ckpt_sbd.pt, its checkpoint, its task)."""
     ntp_model, _ = load_checkpoint(f"{out_dir}/ckpt_ntp.pt", device)
     sbd_model, checkpoint = load_checkpoint(f"{out_dir}/ckpt_sbd.pt", device)
     return ntp_model, sbd_model, checkpoint, task_of_checkpoint(checkpoint, f"{out_dir}/ckpt_sbd.pt")
 
 
-def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5, timing_problems=None,
-           max_problems=None, run=None, grid=None, batch_size=None, exact_val_problems=None):
-    """Calibrate γ on val, evaluate on test, print the table, store the γ values in ckpt_sbd.pt and the whole
-    report in out_dir/report.json. max_problems: only the first max_problems of each split (a smoke run).
-    run: (NTP baseline, SBD model, its checkpoint, task) already loaded (evaluate_llama.load_run: a Llama on a
-    JSONL benchmark); None: the small demo in out_dir. Settings left None take the task kind's DEFAULTS."""
+def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5,
+           timing_problems=None, max_problems=None, run=None, grid=None, batch_size=None,
+           exact_val_problems=None, exact_batch_size=1):
+    """Calibrate γ on val, evaluate on test, print the table, write out_dir/calibration.json and
+    the whole report to out_dir/report.json. max_problems: the first max_problems of each split
+    (a smoke run). run: (NTP baseline, SBD model, its checkpoint, task) already loaded
+    (evaluate_llama.load_run: a Llama on a JSONL benchmark); None: the small demo in out_dir.
+    Settings left None take the task kind's DEFAULTS."""
     ntp_model, sbd_model, checkpoint, task = run or load_small_run(out_dir, device)
     defaults = DEFAULTS["small" if isinstance(task, CharTask) else "benchmark"]
     grid, batch_size = grid or defaults["grid"], batch_size or defaults["batch_size"]
@@ -361,54 +384,61 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5, t
     task.splits = {split: problems[:max_problems] for split, problems in task.splits.items()}
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
-    if not getattr(sbd_model, "ntp_head", True):
-        print("this SBD model was trained without the NTP term (ntp_weight=0): its next-token head is untrained, so "
-              "SBD reveals each block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
-              "checks with that head, reproduces its NTP decoding")
-    # the budgets count from the better NTP decoding on val: the baseline's, or the SBD model's own (which kept
-    # training its NTP term), so that a weak baseline never lets a lossy γ through
-    ntp_vals = [solve(m, task, task.splits["val"], "ntp", batch_size=batch_size)["accuracy"]
+    base = settings_for(checkpoint, gamma=0.0)  # mask and stop tokens, the first-token rule
+    if not base.first_from_ntp:
+        print("this SBD model was trained without the NTP term (ntp_weight=0): SBD reveals each "
+              "block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
+              "checks with the untrained next-token head, reproduces its NTP decoding")
+    # the budgets count from the better NTP decoding on val: the baseline's, or the SBD model's
+    # own (which kept training its NTP term), so that a weak baseline never lets a lossy γ through
+    ntp_vals = [solve(m, task, task.splits["val"], base, ntp=True, batch_size=batch_size)["accuracy"]
                 for m in (ntp_model, sbd_model)]
     ntp_val = max(ntp_vals)
-    print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline {ntp_vals[0]:.2f}%, "
-          f"SBD model {ntp_vals[1]:.2f}%): "
-          f"γ_low within {low_target} points, γ_high within {high_target}; γ grid {list(grid)}")
-    calibration = {k: calibrate(sbd_model, task, ntp_val, k, low_target, high_target, grid, batch_size,
-                                exact_val_problems) for k in ks}
-    rows = table_rows(ntp_model, sbd_model, task, calibration, dict(low=low_target, high=high_target), batch_size)
+    print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline "
+          f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): γ_low within {low_target} points, "
+          f"γ_high within {high_target}; γ grid {list(grid)}")
+    calibration = {k: calibrate(sbd_model, task, base, ntp_val, k, low_target, high_target, grid,
+                                batch_size, exact_val_problems, exact_batch_size) for k in ks}
+    rows = table_rows(ntp_model, sbd_model, task, base, calibration,
+                      dict(low=low_target, high=high_target), batch_size, exact_batch_size)
     print_table(rows, task)
 
     best_k = operating_point(calibration)
     if best_k is None:
-        print(f"\nno k has a γ within {low_target} points of NTP on val: sample.py defaults to the exact mode")
+        print(f"\nno k has a γ within {low_target} points of NTP on val: decode with the exact "
+              "mode (sample.py --exact=True) or pass a γ")
     exact_k = exact_operating_point(calibration)
-    wall = wall_clock(ntp_model, sbd_model, task, calibration, best_k, exact_k, timing_problems)
-    step_views(sbd_model, task, calibration, best_k, exact_k)
+    wall = wall_clock(ntp_model, sbd_model, task, base, calibration, best_k, exact_k,
+                      timing_problems)
+    step_views(sbd_model, task, base, calibration, best_k, exact_k)
     picture = plot_sweep(calibration, ntp_val, os.path.join(out_dir, "sweep.png"))
 
-    checkpoint["sbd"].update(k=best_k or max(ks), gamma_low=calibration[best_k]["low"] if best_k else None,
-                             gamma_high=calibration[best_k]["high"] if best_k else None,
-                             gammas={str(k): [c["low"], c["high"]] for k, c in calibration.items()},
-                             gamma_exact={str(k): c["exact"] for k, c in calibration.items()},
-                             calibrated_on=getattr(task, "info", {}).get("val", f"the val split of {task.name}"))
-    save_checkpoint(checkpoint, f"{out_dir}/ckpt_sbd.pt")
+    calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
+    choices = dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"])
+                      for k, c in calibration.items()},
+                   operating_k=best_k, exact_k=exact_k, calibrated_on=calibrated_on)
+    write_calibration(os.path.join(out_dir, "ckpt_sbd.pt"), checkpoint, choices)
     baseline = rows[0][1]
-    summary = dict(val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
-                   ntp_val_accuracy=ntp_val, budgets=dict(low=low_target, high=high_target),
-                   calibration={str(k): c for k, c in calibration.items()}, operating_k=best_k, exact_k=exact_k,
-                   rows=[dict(name=name, key=row_key(name), **({} if r is None else dict(
-                       accuracy=r["accuracy"], delta=r["accuracy"] - baseline["accuracy"], forwards=r["forwards"],
-                       tokens=r["tokens"], speedup=baseline["forwards"] / r["forwards"],
-                       **({"same_as_ntp": r["same_as_ntp"]} if "same_as_ntp" in r else {}))))
-                         for name, r in rows],
-                   task=dict(name=task.name, skipped=skipped, **getattr(task, "info", {})), gamma_grid=list(grid),
-                   wall_clock=wall, machine=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
-                   device=torch.cuda.get_device_name() if str(device).startswith("cuda") else str(device),
-                   seconds=time.time() - t0, config=checkpoint.get("config"))
+    summary = dict(
+        val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
+        ntp_val_accuracy=ntp_val, budgets=dict(low=low_target, high=high_target),
+        calibration={str(k): c for k, c in calibration.items()}, operating_k=best_k,
+        exact_k=exact_k,
+        rows=[dict(name=name, key=row_key(name), **({} if r is None else dict(
+            accuracy=r["accuracy"], delta=r["accuracy"] - baseline["accuracy"],
+            forwards=r["forwards"], tokens=r["tokens"], speedup=baseline["forwards"] / r["forwards"],
+            **({"same_as_ntp": r["same_as_ntp"]} if "same_as_ntp" in r else {}))))
+              for name, r in rows],
+        task=dict(name=task.name, skipped=skipped, **getattr(task, "info", {})),
+        gamma_grid=list(grid), wall_clock=wall, machine=platform.processor() or platform.machine(),
+        threads=torch.get_num_threads(),
+        device=torch.cuda.get_device_name() if str(device).startswith("cuda") else str(device),
+        seconds=time.time() - t0, config=checkpoint.get("config"))
     with open(os.path.join(out_dir, "report.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(f"\nstored γ per k in {out_dir}/ckpt_sbd.pt, the report in {out_dir}/report.json"
-          + (f", the sweep in {picture}" if picture else "") + f" ({time.time() - t0:.0f} s for the report)")
+    print(f"\nwrote the γ choices to {out_dir}/calibration.json, the report to "
+          f"{out_dir}/report.json" + (f", the sweep to {picture}" if picture else "")
+          + f" ({time.time() - t0:.0f} s for the report)")
     return rows, calibration, wall
 
 
@@ -416,27 +446,30 @@ if __name__ == "__main__":
     out_dir = "out-sbd-small"  # the run to evaluate: train.py's out_dir
     device = ""  # '' = autodetect
     max_problems = 0  # only the first max_problems of each split (0 = all)
-    low_target = 0.5  # γ_low: the largest γ that loses at most this many points of val accuracy against NTP
+    low_target = 0.5  # γ_low: the largest γ that loses at most this many points of val accuracy
     high_target = 1.5  # γ_high: the same with this many
     # 0 / () = the default of the task's kind (DEFAULTS: the small demo, or a benchmark)
     gamma_grid = ()  # the γ values swept on val, upward
-    batch_size = 0  # prompts decoded together (SBD and NTP; the exact mode decodes one at a time)
-    exact_val_problems = 0  # val problems that pick the exact mode's γ (decoded one at a time)
+    batch_size = 0  # prompts decoded together (NTP and SBD)
+    exact_batch_size = 1  # prompts decoded together by the exact mode
+    exact_val_problems = 0  # val problems that pick the exact mode's γ
     timing_problems = 0  # test problems decoded one at a time for the wall-clock comparison
     # an SBD-tuned Llama (train.py with a .jsonl dataset) on a JSONL benchmark (evaluate_llama.py)
     benchmark = ""  # test rows {"prompt": ..., "answer": ...}; '' = the small demo task of out_dir
-    val_benchmark = ""  # γ is calibrated on val_problems rows of this file; '' = on val_problems rows of benchmark
-    val_problems = 200  # (without val_benchmark, at most half the benchmark; the rest is the test set)
-    baseline = ""  # the NTP baseline: a Llama directory or a .pt file; '' = the directory the run started from
-    answer_marker = ""  # grade the number after the last '####', or in the last '\boxed{...}'; '' = the last number
-    numeric = True  # answers are numbers compared by value ('1,234' == '1234', '0.50' == '1/2'); False: text
+    val_benchmark = ""  # γ is calibrated on val_problems rows of this file ('' = of benchmark)
+    val_problems = 200  # (without val_benchmark, at most half the benchmark; the rest is test)
+    baseline = ""  # the NTP baseline: a Llama directory or a .pt file; '' = the run's init_from
+    answer_marker = ""  # grade the number after the last '####' or in the last '\boxed{...}'
+    numeric = True  # answers are numbers compared by value ('1,234' == '1234'); False: text
     max_new_tokens = 512  # the longest completion (cut per prompt to the model's context)
     configure(globals(), sys.argv[1:])
-    device = device or autodetect_device()
+    device = pick_device(device)
     run = None
     if benchmark:
-        run = load_run(out_dir, device, benchmark, val_benchmark, baseline, val_problems=val_problems,
-                       max_new_tokens=max_new_tokens, answer_marker=answer_marker, numeric=numeric)
-    report(out_dir, device, low_target=low_target, high_target=high_target, timing_problems=timing_problems,
-           max_problems=max_problems or None, run=run, grid=gamma_grid, batch_size=batch_size,
-           exact_val_problems=exact_val_problems)
+        run = load_run(out_dir, device, benchmark, val_benchmark, baseline,
+                       val_problems=val_problems, max_new_tokens=max_new_tokens,
+                       answer_marker=answer_marker, numeric=numeric)
+    report(out_dir, device, low_target=low_target, high_target=high_target,
+           timing_problems=timing_problems, max_problems=max_problems or None, run=run,
+           grid=gamma_grid, batch_size=batch_size, exact_val_problems=exact_val_problems,
+           exact_batch_size=exact_batch_size)

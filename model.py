@@ -5,7 +5,8 @@ GPT-2 and Llama 3 in one file, with the three things Set Block Decoding needs fr
 2. an arbitrary boolean attention mask (True = may attend), because SBD mixes a causal prefix with
    bidirectional blocks; masks are pure functions of (query slot, key slot), see causal_mask below;
 3. an exact KV cache that can run a block of queries on top of the cache *without* writing it, and can
-   commit the previous block causally and run the new block in the same forward (SBD.md, "Inference").
+   commit the previous block causally and run the new block in the same forward
+   (docs/method.md, Inference).
 
 With none of the optional arguments, forward() is the ordinary causal training path (is_causal=True).
 Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's names for Llama.
@@ -21,6 +22,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
+
+from configurator import ConfigError
 
 IGNORE_INDEX = -1  # label value that the loss skips (nanoGPT's convention)
 
@@ -93,6 +96,10 @@ class KVCache:
         self.v[layer][:, :, L:L + T] = v_new
         return self.k[layer][:, :, :L + T], self.v[layer][:, :, :L + T]  # (B, n_kv_head, L + T, head_dim) views
 
+    def commit(self, n):
+        """The first n tokens of the forward that just ran are now cached (forward() calls this)."""
+        self.length += n
+
     def truncate(self, length):
         """Forget every cached token from slot `length` on (exact SBD decoding: a rejected draft was committed)."""
         if not 0 <= length <= self.length:
@@ -150,15 +157,6 @@ def cross_entropy(logits, targets):
     """Mean cross-entropy over positions whose target is not IGNORE_INDEX; logits (B, T, V)."""
     return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
                            ignore_index=IGNORE_INDEX)
-
-
-def autodetect_device():
-    """cuda -> mps -> cpu."""
-    if torch.cuda.is_available():
-        return "cuda"
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return "mps"
-    return "cpu"
 
 
 # -----------------------------------------------------------------------------
@@ -234,7 +232,6 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    ntp_head = True  # False: SBD-tuned without the NTP term, next-token logits untrained (has_trained_ntp_head)
 
     def __init__(self, config):
         super().__init__()
@@ -280,7 +277,7 @@ class GPT(nn.Module):
             x = block(x, layer, mask, cache, n_commit)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
         if cache is not None:
-            cache.length += n_commit
+            cache.commit(n_commit)
         return logits, (cross_entropy(logits, targets) if targets is not None else None)
 
     def new_cache(self, batch_size, max_len, device, dtype=torch.float32):
@@ -291,8 +288,8 @@ class GPT(nn.Module):
 def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
     """Fill in the optional forward() arguments shared by GPT and Llama, and check them."""
     B, T = idx.size()
-    offset = cache.length if cache is not None else 0
     if pos is None:  # slot positions: checked with Python ints, no host sync in the decode loop
+        offset = cache.length if cache is not None else 0
         last = offset + T - 1
         pos = torch.arange(offset, offset + T, device=idx.device)  # (T,)
     else:
@@ -322,7 +319,7 @@ class LlamaConfig:
     ffn_dim_multiplier: float = 1.3
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
-    use_scaled_rope: bool = True  # Llama 3.1's long-context frequency scaling (LLAMA.md)
+    use_scaled_rope: bool = True  # Llama 3.1's long-context frequency scaling (docs/llama.md)
     rope_scale_factor: float = 8.0
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
@@ -460,7 +457,6 @@ class LlamaBlock(nn.Module):
 
 class Llama(nn.Module):
     activation_checkpointing = False  # train.py's switch: recompute each block's activations in backward
-    ntp_head = True  # False: SBD-tuned without the NTP term, next-token logits untrained (has_trained_ntp_head)
 
     def __init__(self, config):
         super().__init__()
@@ -524,7 +520,7 @@ class Llama(nn.Module):
                 x = block(x, cos, sin, layer, mask, cache, n_commit)
         logits = self.output(self.norm(x))  # (B, T, vocab)
         if cache is not None:
-            cache.length += n_commit
+            cache.commit(n_commit)
         return logits, (cross_entropy(logits, targets) if targets is not None else None)
 
     def new_cache(self, batch_size, max_len, device, dtype=None):
@@ -571,12 +567,6 @@ def save_checkpoint(checkpoint, path):
     os.replace(tmp, path)  # atomic on POSIX and Windows
 
 
-def has_trained_ntp_head(checkpoint):
-    """False only for a model SBD-tuned without the NTP term (ntp_weight=0, the paper's ablation): its next-token
-    logits were never trained, so SBD decoding must not take tokens from them (sbd.sbd_generate, first_from_ntp)."""
-    return checkpoint.get("sbd") is None or (checkpoint.get("config") or {}).get("ntp_weight", 1.0) > 0
-
-
 def model_from_checkpoint(checkpoint, device):
     """Rebuild the model a train.py checkpoint describes ({'model_family', 'model_args', 'model'})."""
     family, args = checkpoint["model_family"], checkpoint["model_args"]
@@ -592,7 +582,6 @@ def model_from_checkpoint(checkpoint, device):
         check_state_dict(model, state, "checkpoint")
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
         model.inv_freq = rope_frequencies(model.config).to(device)  # a non-persistent buffer, still on meta
-    model.ntp_head = has_trained_ntp_head(checkpoint)
     return model
 
 
@@ -610,10 +599,13 @@ def check_state_dict(model, state, source):
 
 
 def load_checkpoint(path, device="cpu"):
-    """-> (model in eval mode, checkpoint dict). A missing file is a clear error."""
+    """-> (model in eval mode, checkpoint dict). A missing or outdated file is a clear error."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint at {path}: train one first (python train.py config/sbd_small.py)")
+        raise ConfigError(f"no checkpoint at {path}: train one first "
+                          "(python train.py config/sbd_small.py)")
     checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    if "stage" not in checkpoint:
+        raise ConfigError(f"{path} was written by an older version of train.py: train it again")
     model = model_from_checkpoint(checkpoint, device)
     model.eval()
     return model, checkpoint

@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import torch
 
+from configurator import ConfigError
 from model import IGNORE_INDEX
 from tokenizer import Llama3Tokenizer
 
@@ -47,7 +48,7 @@ def check_same_data(checkpoint, task, checkpoint_path):
     was recorded carry none and pass unchecked."""
     trained_on = checkpoint.get("data_version")
     if trained_on is not None and trained_on != task.data_version:
-        raise ValueError(f"{checkpoint_path} was trained on another version of the data in {task.name} (version "
+        raise ConfigError(f"{checkpoint_path} was trained on another version of the data in {task.name} (version "
                          f"{trained_on}; on disk now: {task.data_version}), e.g. its prepare.py changed since. Its "
                          "answers would be graded, or its training resumed, on data it never saw: train it again "
                          "(init_from='scratch'), or check out the commit it was trained at")
@@ -59,7 +60,7 @@ class CharTask:
         prepare = os.path.join(folder, "prepare.py")
         if not os.path.exists(prepare):
             known = sorted(d for d in os.listdir(DATA_DIR) if os.path.exists(os.path.join(DATA_DIR, d, "prepare.py")))
-            raise FileNotFoundError(f"unknown dataset {name!r}: no {prepare}. Known datasets: {known}")
+            raise ConfigError(f"unknown dataset {name!r}: no {prepare}. Known datasets: {known}")
         meta_path = os.path.join(folder, "meta.json")
         # make the data on first use (nothing downloads), and again when prepare.py is newer than it (like make:
         # a pulled change to the task must not meet data written by the old one)
@@ -87,6 +88,9 @@ class CharTask:
         return len(self.chars)
 
     def encode(self, text):
+        unknown = sorted(set(text) - set(self.stoi))
+        if unknown:
+            raise ConfigError(f"characters outside the vocabulary of {self.name}: {unknown}")
         return [self.stoi[c] for c in text]
 
     def decode(self, ids):
@@ -95,6 +99,16 @@ class CharTask:
     def encode_prompt(self, prompt):
         """What the model is given to answer a problem (evaluate.py): here the prompt's characters."""
         return self.encode(prompt)
+
+    def shape_prompt(self, text):
+        """A user's prompt as training showed prompts -> (ids, what was done or None): a task
+        whose prompts are right-aligned to prompt_len characters gets its spaces on the left."""
+        width = self.prompt_len
+        widths = {len(prompt) for prompt, _ in self.splits["test"][:100]}
+        if widths != {width} or len(text) >= width or text != text.lstrip():
+            return self.encode(text), None
+        shaped = text.rjust(width)
+        return self.encode(shaped), f"right-aligned to {width} characters as in training: {shaped!r}"
 
     @property
     def max_new_tokens(self):
@@ -145,10 +159,10 @@ class JsonlTask:
 
     def __init__(self, path, tokenizer_path, seq_len, val_fraction=0.01):
         if not os.path.exists(path):
-            raise FileNotFoundError(f"no instruction data at {path}: expected a JSONL file with one "
+            raise ConfigError(f"no instruction data at {path}: expected a JSONL file with one "
                                     '{"prompt": "...", "response": "..."} object per line')
         if tokenizer_path is None or not os.path.exists(tokenizer_path):
-            raise FileNotFoundError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
+            raise ConfigError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
         self.name, self.seq_len = path, seq_len
         self.tokenizer = Llama3Tokenizer(tokenizer_path)
         self.tokenizer_info = dict(kind="llama", path=os.path.abspath(tokenizer_path))
@@ -172,11 +186,11 @@ class JsonlTask:
                 except json.JSONDecodeError:
                     pair = None
                 if not (isinstance(pair, dict) and all(isinstance(pair.get(k), str) for k in ("prompt", "response"))):
-                    raise ValueError(f'{path}:{line_no}: expected {{"prompt": "...", "response": "..."}} '
+                    raise ConfigError(f'{path}:{line_no}: expected {{"prompt": "...", "response": "..."}} '
                                      f"(two strings), got {line[:80]!r}")
                 pairs.append((pair["prompt"], pair["response"]))
         if len(pairs) < 2:
-            raise ValueError(f"{path}: found {len(pairs)} prompt/response pairs; need at least 2 (one is held out)")
+            raise ConfigError(f"{path}: found {len(pairs)} prompt/response pairs; need at least 2 (one is held out)")
         return pairs
 
     @property
@@ -211,7 +225,7 @@ class JsonlTask:
             print(f"{self.name} {split}: {n_cut} of {len(self.splits[split])} pairs cut at seq_len={self.seq_len} "
                   f"({len(self.splits[split]) - len(rows)} of them dropped: no room for the response)")
         if not rows:
-            raise ValueError(f"{self.name} {split}: no pair fits in seq_len={self.seq_len} tokens")
+            raise ConfigError(f"{self.name} {split}: no pair fits in seq_len={self.seq_len} tokens")
         return torch.tensor(rows, dtype=torch.long), torch.tensor(is_response)
 
     def training_tensors(self, split, loss_on_answer_only):
@@ -283,7 +297,7 @@ def read_benchmark(path, grade):
     Other keys ("response": a reference completion for SFT data) are ignored. Every malformed line, and every answer
     that grade(answer) cannot read, is an error naming the file and line."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f'no benchmark at {path}: expected a JSONL file with one {{"prompt": "...", '
+        raise ConfigError(f'no benchmark at {path}: expected a JSONL file with one {{"prompt": "...", '
                                 f'"answer": "..."}} object per line')
     rows = []
     with open(path, encoding="utf-8") as f:
@@ -293,18 +307,18 @@ def read_benchmark(path, grade):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_no}: not JSON ({e.msg}, column {e.colno}): {line[:80]!r}") from None
+                raise ConfigError(f"{path}:{line_no}: not JSON ({e.msg}, column {e.colno}): {line[:80]!r}") from None
             answer = row.get("answer") if isinstance(row, dict) else None
             if isinstance(answer, (int, float)) and not isinstance(answer, bool):
                 answer = str(answer)
             if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(answer, str)):
-                raise ValueError(f'{path}:{line_no}: expected {{"prompt": "...", "answer": "..."}} (a string prompt, '
+                raise ConfigError(f'{path}:{line_no}: expected {{"prompt": "...", "answer": "..."}} (a string prompt, '
                                  f"a string or number answer), got {line[:80]!r}")
             if grade(answer) is None:
-                raise ValueError(f"{path}:{line_no}: the grader finds no answer in {answer[:80]!r}")
+                raise ConfigError(f"{path}:{line_no}: the grader finds no answer in {answer[:80]!r}")
             rows.append((row["prompt"], answer))
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        raise ConfigError(f"{path}: no rows")
     return rows
 
 
@@ -330,7 +344,7 @@ class BenchmarkTask:
     def __init__(self, path, tokenizer_path, val_path=None, val_problems=200, max_new_tokens=512, answer_marker="",
                  numeric=True):
         if tokenizer_path is None or not os.path.exists(tokenizer_path):
-            raise FileNotFoundError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
+            raise ConfigError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
         self.name, self.max_new_tokens = os.path.basename(path), max_new_tokens
         self.answer_marker, self.numeric = answer_marker, numeric
         self.tokenizer = Llama3Tokenizer(tokenizer_path)
@@ -348,7 +362,7 @@ class BenchmarkTask:
             val, test = held_out(rows, min(val_problems, len(rows) // 2))
             source = f"{len(val)} of the {len(rows)} rows of {path} (seed 0); the test set is the other {len(test)}"
         if not val or not test:
-            raise ValueError(f"{path}: {len(test)} test and {len(val)} val rows; need at least one of each")
+            raise ConfigError(f"{path}: {len(test)} test and {len(val)} val rows; need at least one of each")
         self.splits = {"val": val, "test": test}
         self.info = dict(benchmark=os.path.abspath(path), val=source, answer_marker=answer_marker, numeric=numeric,
                          max_new_tokens=max_new_tokens)

@@ -20,6 +20,8 @@ import os
 
 import tiktoken
 
+from configurator import ConfigError
+
 # Meta's split regex: contractions, words, 1-3 digit numbers, punctuation runs, newlines, spaces
 PAT_STR = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -42,10 +44,10 @@ def load_ranks(path):
             if not parts:
                 continue
             if len(parts) != 2 or not parts[1].isdigit():
-                raise ValueError(f"{path}:{line_no}: expected 'base64 rank', got {line[:80]!r}")
+                raise ConfigError(f"{path}:{line_no}: expected 'base64 rank', got {line[:80]!r}")
             ranks[base64.b64decode(parts[0])] = int(parts[1])
     if sorted(ranks.values()) != list(range(len(ranks))):  # special ids follow the last rank
-        raise ValueError(f"{path}: ranks must be 0..{len(ranks) - 1} with no gaps or repeats")
+        raise ConfigError(f"{path}: ranks must be 0..{len(ranks) - 1} with no gaps or repeats")
     return ranks
 
 
@@ -180,14 +182,14 @@ class GGUFTokenizer:
     def __init__(self, metadata, name="gguf"):
         model, pre = metadata.get("tokenizer.ggml.model"), metadata.get("tokenizer.ggml.pre")
         if model != "gpt2":
-            raise ValueError(f"{name}: tokenizer.ggml.model is {model!r}; only byte-level BPE "
+            raise ConfigError(f"{name}: tokenizer.ggml.model is {model!r}; only byte-level BPE "
                              "('gpt2') is supported")
         if pre not in PRE_TOKENIZERS:
-            raise ValueError(f"{name}: pre-tokenizer {pre!r} is not supported (known: "
+            raise ConfigError(f"{name}: pre-tokenizer {pre!r} is not supported (known: "
                              f"{sorted(PRE_TOKENIZERS)})")
         tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
         if len(types) != len(tokens):
-            raise ValueError(f"{name}: {len(tokens)} tokens but {len(types)} token types")
+            raise ConfigError(f"{name}: {len(tokens)} tokens but {len(types)} token types")
         ranks, self.special = bpe_ranks(tokens, types, metadata["tokenizer.ggml.merges"], name)
         self.vocab_size = len(tokens)
         self.bytes_without_token = [b for b in range(256) if bytes([b]) not in ranks]
@@ -229,7 +231,7 @@ class GGUFTokenizer:
         stripped, and its default system prompt (if any) comes first when the first message is
         not a system one."""
         if self.chat_problem:
-            raise ValueError(f"cannot render a chat: {self.chat_problem}")
+            raise ConfigError(f"cannot render a chat: {self.chat_problem}")
         ids = []
         if self.default_system is not None and messages and messages[0]["role"] != "system":
             ids += self.encode_turn("system", self.default_system)
@@ -248,23 +250,23 @@ def bpe_ranks(tokens, types, merges, name):
             special[token] = i
             continue
         if kind != TOKEN_NORMAL or not token or any(c not in byte_of for c in token):
-            raise ValueError(f"{name}: token {i} {token!r} (type {kind}) is not a byte-level BPE "
+            raise ConfigError(f"{name}: token {i} {token!r} (type {kind}) is not a byte-level BPE "
                              "token")
         if ranks.setdefault(bytes(byte_of[c] for c in token), i) != i:
-            raise ValueError(f"{name}: token {i} {token!r} appears twice in the vocabulary")
+            raise ConfigError(f"{name}: token {i} {token!r} appears twice in the vocabulary")
     ids = {token: i for i, token in enumerate(tokens)}
     made, last = set(), -1  # ids of the tokens merges make; the id the last merge made
     for line, merge in enumerate(merges):
         parts = merge.split(" ")
         i = ids.get("".join(parts), -1)
         if len(parts) != 2 or i <= last or types[i] != TOKEN_NORMAL:
-            raise ValueError(f"{name}: merge {line} {merge!r} does not make a new token with a "
+            raise ConfigError(f"{name}: merge {line} {merge!r} does not make a new token with a "
                              "larger id than the merge before it; tiktoken's ranks need that order")
         made.add(i)
         last = i
     unmade = [t for t, i in ranks.items() if len(t) > 1 and i not in made]
     if unmade:
-        raise ValueError(f"{name}: {len(unmade)} tokens longer than a byte are made by no merge, "
+        raise ConfigError(f"{name}: {len(unmade)} tokens longer than a byte are made by no merge, "
                          f"e.g. {unmade[0]!r}; tiktoken would produce them, llama.cpp would not")
     return ranks, special
 
@@ -275,7 +277,7 @@ class CharTokenizer:
 
     def __init__(self, chars):
         if len(set(chars)) != len(chars):
-            raise ValueError(f"repeated characters in the vocabulary {chars!r}")
+            raise ConfigError(f"repeated characters in the vocabulary {chars!r}")
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
         self.vocab_size = len(chars)

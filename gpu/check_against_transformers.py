@@ -18,7 +18,9 @@ import torch
 import transformers
 
 sys.path.insert(0, os.getcwd())
-import sbd
+import generate
+from exact import exact_generate
+from sampling import DecodeSettings
 from load_llama import load_llama
 
 out_dir = sys.argv[1]
@@ -69,8 +71,9 @@ prompt = idx[:1, :32]
 with torch.no_grad():
     hf_out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=64, do_sample=False,
                          eos_token_id=None, pad_token_id=0)[0, 32:].tolist()
-ntp, _ = sbd.ntp_generate(ours, prompt, 64)
-exact, stats = sbd.sbd_generate(ours, prompt, 16, 1e9, max_new_tokens=64, verify=True, mask_id=128002)
+ntp, _ = generate.ntp_generate(ours, prompt, 64)
+settings = DecodeSettings(mask_id=128002, k=16, gamma=1e9, exact=True)
+exact, stats = exact_generate(ours, prompt, settings, 64)
 same = sum(a == b for a, b in zip(ntp[0], hf_out))
 print(f"greedy, 64 tokens: ours NTP == HF generate on {same}/64 tokens "
       f"(first difference at {next((i for i, (a, b) in enumerate(zip(ntp[0], hf_out)) if a != b), None)}); "

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-import sbd
+import sampling
 
 
 def test_entropy_of_known_distributions():
@@ -19,7 +19,7 @@ def test_entropy_of_known_distributions():
         probs[0, 1] = 1.0 / V  # uniform: log V
         probs[0, 2, :2] = 0.5  # two equal outcomes: log 2
         probs[1] = torch.softmax(torch.randn(3, V, generator=torch.Generator().manual_seed(0), dtype=dtype), -1)
-        h = sbd.entropy(probs)
+        h = sampling.entropy(probs)
         assert h.shape == (2, 3) and not torch.isnan(h).any()
         assert h[0, 0] == 0
         expected = [math.log(V), math.log(2)] + [-sum(p * math.log(p) for p in row) for row in probs[1].tolist()]
@@ -38,5 +38,5 @@ def test_entropy_bound_by_hand():
                 1.0: [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]],
                 100.0: [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]}
     for gamma, accept in expected.items():
-        got = sbd.entropy_bound(h_sorted, masked_sorted, gamma)
+        got = sampling.entropy_bound(h_sorted, masked_sorted, gamma)
         assert got.dtype == torch.bool and got.int().tolist() == accept, f"γ = {gamma}"

@@ -7,8 +7,9 @@ and a one-token prompt (nothing to prefill). Models are float64, so tokens compa
 
 import torch
 
-import sbd
 from test_decoding import mask_id_of, random_model, random_prompts, reference_sbd
+import generate
+import sampling
 
 GAMMA = 1.5
 
@@ -17,13 +18,15 @@ def test_decode_block_fills_one_block_and_commits_prev():
     m = random_model("gpt-tiny")
     prompt = random_prompts(m, 1, 5)
     ref_tokens, ref_forwards = reference_sbd(m, prompt[0].tolist(), 8, GAMMA, "entropy", 16)
-    sampler, stop = sbd.BlockSampler(mask_id_of(m), "entropy", GAMMA), torch.zeros(0, dtype=torch.long)
+    settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=GAMMA)
+    stop = torch.zeros(0, dtype=torch.long)
     with torch.inference_mode():
-        cache, prev, _ = sbd.prefill(m, prompt, 5 + 16)
+        cache = m.new_cache(1, 5 + 16, prompt.device, dtype=torch.float64)
+        prev, _ = generate.prefill(m, prompt, cache)
         assert cache.length == 4 and prev.tolist() == [[prompt[0, -1].item()]]
         for b in range(2):  # block 0 commits the pending prompt token, block 1 commits block 0
-            block, finished, nfe, steps = sbd.decode_block(m, cache, prev, 8, torch.ones(1, dtype=torch.bool),
-                                                           sampler, stop)
+            active = torch.ones(1, dtype=torch.bool)
+            block, finished, nfe, steps = generate.decode_block(m, cache, prev, 8, active, settings, stop)
             assert block.tolist() == [ref_tokens[8 * b:8 * b + 8]], f"block {b}"
             assert nfe.tolist() == [sum(start == 8 * b for start, _ in ref_forwards)] == [len(steps)]
             assert finished.tolist() == [False]
@@ -31,8 +34,10 @@ def test_decode_block_fills_one_block_and_commits_prev():
             prev = block
 
         # two rows, the second already done: it takes no part (its block stays masks, no forwards counted)
-        cache, prev, _ = sbd.prefill(m, prompt.repeat(2, 1), 5 + 16)
-        block, finished, nfe, _ = sbd.decode_block(m, cache, prev, 8, torch.tensor([True, False]), sampler, stop)
+        cache = m.new_cache(2, 5 + 16, prompt.device, dtype=torch.float64)
+        prev, _ = generate.prefill(m, prompt.repeat(2, 1), cache)
+        active = torch.tensor([True, False])
+        block, finished, nfe, _ = generate.decode_block(m, cache, prev, 8, active, settings, stop)
         assert block[0].tolist() == ref_tokens[:8] and block[1].tolist() == [mask_id_of(m)] * 8
         assert nfe.tolist() == [nfe[0].item(), 0] and nfe[0] > 0
 
@@ -40,6 +45,6 @@ def test_decode_block_fills_one_block_and_commits_prev():
 def test_one_token_prompt_has_no_prefill():
     m = random_model("gpt-tiny")
     prompt = random_prompts(m, 1, 1)
-    tokens, stats = sbd.sbd_generate(m, prompt, 4, GAMMA, mask_id=mask_id_of(m), max_new_tokens=9)
+    tokens, stats = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=GAMMA), 9)
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 4, GAMMA, "entropy", 9)[0]
     assert stats.prefill_forwards == 0 and stats.tokens == [9]

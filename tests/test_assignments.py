@@ -146,8 +146,9 @@ def leaks(directory, numbers, files):
 def test_no_solution_leaks(handouts, tmp_path):
     for name, (directory, numbers, files) in handouts.items():
         assert leaks(directory, numbers, files) == [], f"handout {name!r}"
-    (tmp_path / "sbd.py").write_text(open(os.path.join(ROOT, "sbd.py")).read())  # the check can fail:
-    assert len(leaks(tmp_path, [4], ["sbd.py"])) >= 5  # sbd.py as it is, 'handed out' with assignment 4
+    reference = open(os.path.join(ROOT, "sampling.py")).read()
+    (tmp_path / "sampling.py").write_text(reference)  # the check can fail: the file as it is,
+    assert len(leaks(tmp_path, [4], ["sampling.py"])) >= 5  # 'handed out' with assignment 4
 
 
 def test_handout_imports_collects_and_keeps_the_rest(handouts):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import evaluate
+from sampling import DecodeSettings
 from model import LLAMA_PRESETS, Llama, LlamaConfig, save_checkpoint
 from task import BenchmarkTask, final_answer
 
@@ -90,7 +91,7 @@ def test_malformed_lines_are_errors_naming_the_line(files, tmp_path, line, why):
     path.write_text(json.dumps(ROWS[0]) + "\n\n" + line + "\n" + json.dumps(ROWS[1]) + "\n")
     with pytest.raises(ValueError, match=f"bad.jsonl:3: {why}" if why == "not JSON" else "bad.jsonl:3: .*" + why):
         BenchmarkTask(str(path), str(files / "tokenizer.model"))
-    with pytest.raises(FileNotFoundError, match='"prompt".*"answer"'):
+    with pytest.raises(ValueError, match='"prompt".*"answer"'):
         BenchmarkTask(str(tmp_path / "nowhere.jsonl"), str(files / "tokenizer.model"))
 
 
@@ -129,9 +130,11 @@ def test_left_padded_batches_decode_as_each_prompt_alone(files):
     assert evaluate.new_tokens(task, model, len(task.encode_prompt("y" * 475))) == 512 - 498
     fillers = [n_pad.tolist() for _, _, n_pad, _ in evaluate.batches(task, model, problems, 8)]
     assert fillers == [[0], [30, 28, 28, 28, 28, 28, 0]]  # the long prompt alone (its own budget), then by length
-    for mode, k, gamma in [("ntp", 16, 0.0), ("sbd", 8, 0.5), ("sbd", 16, 2.0)]:
-        together = evaluate.solve(model, task, problems, mode, k, gamma, batch_size=8)
-        alone = evaluate.solve(model, task, problems, mode, k, gamma, batch_size=1)
+    base = DecodeSettings(mask_id=task.mask_id, stop_ids=task.stop_ids)
+    for mode, k, gamma in [("ntp", 16, 0.0), ("sbd", 8, 0.5), ("sbd", 16, 2.0), ("exact", 8, 0.5)]:
+        settings = base.replace(k=k, gamma=gamma, exact=mode == "exact")
+        together = evaluate.solve(model, task, problems, settings, mode == "ntp", batch_size=8)
+        alone = evaluate.solve(model, task, problems, settings, mode == "ntp", batch_size=1)
         assert together["completions"] == alone["completions"], mode
         assert (together["forwards"], together["tokens"]) == (alone["forwards"], alone["tokens"]), mode
 
@@ -162,14 +165,17 @@ class Scripted(torch.nn.Module):
     def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
         B, T = idx.size()
         n_commit = T if n_commit is None else n_commit
-        if cache.length == 0:  # the prefill: every prompt but its last token
+        if not hasattr(cache, "script"):  # the prefill: every prompt but its last token
             cache.script = [self.find(row) for row in idx.tolist()]
+        if pos is None:  # slot positions (no filler: LeftPadded passes positions of its own)
+            pos = torch.arange(cache.length, cache.length + T)
+        pos = pos.expand(B, T).tolist()
         logits = torch.zeros(B, T, self.config.vocab_size)
-        for b, (full, n_pad) in enumerate(cache.script):
+        for b, (full, _) in enumerate(cache.script):
             for t in range(T):
-                at = cache.length + t - n_pad + (t < n_commit)  # the position this slot predicts
+                at = pos[b][t] + (t < n_commit)  # the position this slot predicts
                 logits[b, t, full[at] if at < len(full) else EOT] = 30.0
-        cache.length += n_commit
+        cache.commit(n_commit)
         return logits, None
 
 
@@ -179,8 +185,8 @@ def write_run(directory, llama_dir, tokenizer):
     directory.mkdir()
     checkpoint = dict(model=model.state_dict(), model_family="llama", model_args=dataclasses.asdict(model.config),
                       config=dict(init_from=str(llama_dir), dataset="pairs.jsonl"), dataset="pairs.jsonl",
-                      tokenizer=dict(kind="llama", path=tokenizer), iter_num=2,
-                      sbd=dict(mask_id=MASK, stop_ids=[257, 264, EOT], k=16, gamma_low=0.35, gamma_high=0.6))
+                      tokenizer=dict(kind="llama", path=tokenizer), iter_num=2, stage="sbd",
+                      mask_id=MASK, stop_ids=[257, 264, EOT])
     save_checkpoint(checkpoint, str(directory / "ckpt_sbd.pt"))
     return checkpoint
 
@@ -235,5 +241,6 @@ def test_evaluate_py_on_a_jsonl_benchmark(files, tmp_path):
     assert report["gamma_grid"] == [0.1, 0.6] and report["task"]["skipped"]["test"] == 1
     assert all(row["accuracy"] <= 10.0 for row in report["rows"] if "accuracy" in row)
     assert all(row["same_as_ntp"] == 10 for row in report["rows"] if row["name"].startswith("SBD exact"))
-    sbd = torch.load(tmp_path / "run" / "ckpt_sbd.pt", weights_only=False)["sbd"]
-    assert set(sbd["gammas"]) == set(sbd["gamma_exact"]) == {"8", "16"} and sbd["calibrated_on"].startswith("3 rows of")
+    calibration = json.loads((tmp_path / "run" / "calibration.json").read_text())
+    assert set(calibration["k"]) == {"8", "16"} and calibration["calibrated_on"].startswith("3 rows of")
+    assert calibration["checkpoint"] == "ckpt_sbd.pt"  # and the checkpoint itself is left alone

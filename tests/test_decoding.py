@@ -20,8 +20,12 @@ import torch
 import model as model_lib
 import tiny_models
 import sbd
+import settings as settings_lib
 from model import dense_mask, load_checkpoint
 from sbd import hybrid_mask
+import exact
+import generate
+import sampling
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 GAMMA = {"gpt-tiny": 1.5, "llama-tiny": 2.0}  # moderate for these random models: 1-4 reveals per forward
@@ -74,7 +78,7 @@ def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=(), fi
                 block[0], masked[0], revealed[0] = next_token(m, seq + out, mask_id), False, True
             first = False
             probs = torch.softmax(logits, dim=-1)[None]  # (1, kb, V)
-            by_rule = sbd.REVEAL_RULES[rule](probs, torch.tensor([masked]), gamma)[0].tolist()
+            by_rule = sampling.REVEAL_RULES[rule](probs, torch.tensor([masked]), gamma)[0].tolist()
             for i, r in enumerate(by_rule):
                 if r:
                     block[i], masked[i], revealed[i] = int(logits[i].argmax()), False, True
@@ -113,7 +117,7 @@ def first_stop_with_prefix_revealed(block, masked, stop_ids):
 
 def forwards_of_row(stats, b):
     """The (block start, revealed positions) of the forwards row b took part in (it reveals >= 1 in each)."""
-    return [(s.block_start, torch.nonzero(s.revealed[b]).flatten().tolist())
+    return [(s.block_start[b], torch.nonzero(s.revealed[b]).flatten().tolist())
             for s in stats.steps if s.revealed[b].any()]
 
 # -----------------------------------------------------------------------------
@@ -125,7 +129,7 @@ def forwards_of_row(stats, b):
 def test_cached_ntp_equals_uncached(family, B):
     m = random_model(family)
     prompts = random_prompts(m, B, 5)
-    tokens, stats = sbd.ntp_generate(m, prompts, 20)
+    tokens, stats = generate.ntp_generate(m, prompts, 20)
     for b in range(B):
         assert tokens[b] == reference_ntp(m, prompts[b].tolist(), 20)
     assert stats.nfe == [20] * B and stats.tokens == [20] * B and stats.prefill_forwards == 1
@@ -137,8 +141,7 @@ def test_cached_ntp_equals_uncached(family, B):
 def test_cached_sbd_equals_uncached(family, k, B):
     m = random_model(family)
     prompts = random_prompts(m, B, 5, seed=k)
-    tokens, stats = sbd.sbd_generate(m, prompts, k, GAMMA[family], mask_id=mask_id_of(m), max_new_tokens=22,
-                                     record_steps=True)
+    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=GAMMA[family]), 22, record_steps=True)
     for b in range(B):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, GAMMA[family], "entropy", 22)
         assert tokens[b] == ref_tokens, f"row {b}: tokens differ from the uncached reference"
@@ -156,9 +159,8 @@ def test_paper_first_slot_cached_equals_uncached(family, B):
     decode still equals the uncached reference; on these random models it differs from the default's."""
     m = random_model(family)
     prompts = random_prompts(m, B, 5, seed=7)
-    tokens, stats = sbd.sbd_generate(m, prompts, 4, GAMMA[family], mask_id=mask_id_of(m), max_new_tokens=22,
-                                     record_steps=True, first_from_ntp=False)
-    default, _ = sbd.sbd_generate(m, prompts, 4, GAMMA[family], mask_id=mask_id_of(m), max_new_tokens=22)
+    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=GAMMA[family], first_from_ntp=False), 22, record_steps=True)
+    default, _ = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=GAMMA[family]), 22)
     for b in range(B):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 4, GAMMA[family], "entropy", 22,
                                                  first_from_ntp=False)
@@ -166,20 +168,13 @@ def test_paper_first_slot_cached_equals_uncached(family, B):
     assert tokens != default
 
 
-def test_a_model_trained_without_the_ntp_term_decodes_without_its_ntp_head(tmp_path):
-    """A checkpoint whose run had ntp_weight=0 loads with model.ntp_head False, and sbd_generate then leaves
-    slot 0 to the rule by default; an NTP-stage checkpoint of the same run keeps its NTP head."""
-    m = random_model("gpt-tiny")
-    base = dict(model=m.state_dict(), model_family="gpt", model_args=dataclasses.asdict(m.config),
-                config=dict(ntp_weight=0.0))
-    torch.save(dict(base, sbd=dict(mask_id=mask_id_of(m), stop_ids=[])), tmp_path / "sbd.pt")
-    torch.save(dict(base, sbd=None), tmp_path / "ntp.pt")
-    no_ntp, _ = load_checkpoint(str(tmp_path / "sbd.pt"))
-    assert not no_ntp.ntp_head and load_checkpoint(str(tmp_path / "ntp.pt"))[0].ntp_head
-    prompts = random_prompts(m, 2, 5, seed=7)
-    args = dict(mask_id=mask_id_of(m), max_new_tokens=22)
-    assert sbd.sbd_generate(no_ntp, prompts, 4, GAMMA["gpt-tiny"], **args)[0] == \
-        sbd.sbd_generate(m, prompts, 4, GAMMA["gpt-tiny"], first_from_ntp=False, **args)[0]
+def test_a_model_trained_without_the_ntp_term_decodes_without_its_ntp_head():
+    """A checkpoint whose run had ntp_weight=0 gets settings that leave slot 0 to the rule; any other
+    checkpoint takes slot 0 from the next-token logits (settings.settings_for)."""
+    base = dict(mask_id=3, stop_ids=[0], stage="sbd")
+    assert not settings_lib.settings_for(dict(base, config=dict(ntp_weight=0.0)), gamma=0.1).first_from_ntp
+    assert settings_lib.settings_for(dict(base, config=dict(ntp_weight=0.5)), gamma=0.1).first_from_ntp
+    assert settings_lib.settings_for(dict(base, config={}), gamma=0.1).first_from_ntp
 
 
 @pytest.mark.parametrize("rule", ["confidence", "factor"])
@@ -187,8 +182,7 @@ def test_other_rules_cached_equal_uncached(rule):
     m = random_model("gpt-tiny")
     prompts = random_prompts(m, 2, 4)
     threshold = {"confidence": 1.5, "factor": 1.0}[rule]
-    tokens, stats = sbd.sbd_generate(m, prompts, 8, threshold, rule=rule, mask_id=mask_id_of(m),
-                                     max_new_tokens=20, record_steps=True)
+    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=threshold, rule=rule), 20, record_steps=True)
     for b in range(2):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 8, threshold, rule, 20)
         assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards
@@ -197,10 +191,10 @@ def test_other_rules_cached_equal_uncached(rule):
 def test_one_token_prompt_has_no_prefill():
     m = random_model("llama-tiny")
     prompt = random_prompts(m, 1, 1)
-    tokens, stats = sbd.sbd_generate(m, prompt, 4, 2.0, mask_id=mask_id_of(m), max_new_tokens=9)
+    tokens, stats = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=2.0), 9)
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 4, 2.0, "entropy", 9)[0]
     assert stats.prefill_forwards == 0 and stats.tokens == [9]
-    assert sbd.ntp_generate(m, prompt, 5)[1].prefill_forwards == 0
+    assert generate.ntp_generate(m, prompt, 5)[1].prefill_forwards == 0
 
 
 class CommitsEverything(torch.nn.Module):
@@ -223,8 +217,7 @@ def test_reference_catches_a_cache_that_keeps_block_keys():
     prompt = random_prompts(m, 1, 5)
     expected = reference_sbd(m, prompt[0].tolist(), 4, 1.5, "entropy", 16)[0]
     try:
-        tokens, _ = sbd.sbd_generate(CommitsEverything(m), prompt, 4, 1.5, mask_id=mask_id_of(m),
-                                     max_new_tokens=16)
+        tokens, _ = generate.sbd_generate(CommitsEverything(m), prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=1.5), 16)
     except ValueError:  # or it runs out of cache/context first
         return
     assert tokens[0] != expected
@@ -238,17 +231,15 @@ def test_batch_equals_each_row_alone(family):
     m = random_model(family, seed=1)
     prompts = random_prompts(m, 4, 6, seed=1)
     mask_id = mask_id_of(m)
-    plain, _ = sbd.sbd_generate(m, prompts, 8, GAMMA[family], mask_id=mask_id, max_new_tokens=24)
+    plain, _ = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=8, gamma=GAMMA[family]), 24)
     stop = [plain[1][10]]  # a token row 1 really emits, so at least one row stops early
-    tokens, stats = sbd.sbd_generate(m, prompts, 8, GAMMA[family], mask_id=mask_id, max_new_tokens=24,
-                                     stop_ids=stop)
+    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=8, gamma=GAMMA[family], stop_ids=stop), 24)
     for b in range(4):
-        alone, alone_stats = sbd.sbd_generate(m, prompts[b:b + 1], 8, GAMMA[family], mask_id=mask_id,
-                                              max_new_tokens=24, stop_ids=stop)
+        alone, alone_stats = generate.sbd_generate(m, prompts[b:b + 1], sampling.DecodeSettings(mask_id=mask_id, k=8, gamma=GAMMA[family], stop_ids=stop), 24)
         assert tokens[b] == alone[0] and stats.nfe[b] == alone_stats.nfe[0]
-    ntp_tokens, ntp_stats = sbd.ntp_generate(m, prompts, 24, stop_ids=stop)
+    ntp_tokens, ntp_stats = generate.ntp_generate(m, prompts, 24, stop_ids=stop)
     for b in range(4):
-        alone, alone_stats = sbd.ntp_generate(m, prompts[b:b + 1], 24, stop_ids=stop)
+        alone, alone_stats = generate.ntp_generate(m, prompts[b:b + 1], 24, stop_ids=stop)
         assert ntp_tokens[b] == alone[0] and ntp_stats.nfe[b] == alone_stats.nfe[0]
 
 
@@ -257,10 +248,9 @@ def test_stop_token_ends_rows_early_and_truncates(k):
     m = random_model("gpt-tiny", seed=2)
     prompts = random_prompts(m, 3, 5, seed=2)
     mask_id = mask_id_of(m)
-    plain, plain_stats = sbd.sbd_generate(m, prompts, k, 1.5, mask_id=mask_id, max_new_tokens=30)
+    plain, plain_stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=k, gamma=1.5), 30)
     stop = plain[0][13]
-    tokens, stats = sbd.sbd_generate(m, prompts, k, 1.5, mask_id=mask_id, max_new_tokens=30, stop_ids=[stop],
-                                     record_steps=True)
+    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=k, gamma=1.5, stop_ids=[stop]), 30, record_steps=True)
     for b in range(3):
         if stop in plain[b]:  # stopping changes nothing before the stop token: the text is just cut there
             assert tokens[b] == plain[b][:plain[b].index(stop) + 1]
@@ -276,10 +266,9 @@ def test_row_stops_without_waiting_for_the_rest_of_its_block():
     """A stop token revealed with everything before it ends the row, even with masks left after it."""
     m = random_model("gpt-tiny", seed=2)
     prompt = random_prompts(m, 1, 5, seed=2)
-    plain, _ = sbd.sbd_generate(m, prompt, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=16)
+    plain, _ = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5), 16)
     stop = plain[0][2]
-    tokens, stats = sbd.sbd_generate(m, prompt, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=16,
-                                     stop_ids=[stop], record_steps=True)
+    tokens, stats = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5, stop_ids=[stop]), 16, record_steps=True)
     assert tokens[0] == plain[0][:plain[0].index(stop) + 1]
     last = stats.steps[-1]
     assert (last.tokens[0] == mask_id_of(m)).any(), "the row went on revealing after its stop token"
@@ -288,9 +277,9 @@ def test_row_stops_without_waiting_for_the_rest_of_its_block():
 def test_ntp_stop_tokens():
     m = random_model("llama-tiny", seed=3)
     prompts = random_prompts(m, 3, 4, seed=3)
-    plain, _ = sbd.ntp_generate(m, prompts, 25)
+    plain, _ = generate.ntp_generate(m, prompts, 25)
     stop = plain[2][7]
-    tokens, stats = sbd.ntp_generate(m, prompts, 25, stop_ids=[stop])
+    tokens, stats = generate.ntp_generate(m, prompts, 25, stop_ids=[stop])
     for b in range(3):
         expected = plain[b][:plain[b].index(stop) + 1] if stop in plain[b] else plain[b]
         assert tokens[b] == expected == reference_ntp(m, prompts[b].tolist(), 25, [stop])
@@ -320,9 +309,8 @@ def test_mask_token_never_in_output(family, temperature):
     logits, _ = m(prompts)
     assert (logits.argmax(-1) == mask_id).all(), "the test model must prefer the mask token"
     g = torch.Generator().manual_seed(0)
-    tokens, _ = sbd.sbd_generate(m, prompts, 4, 1.0, mask_id=mask_id, max_new_tokens=12,
-                                 temperature=temperature, top_k=5, generator=g)
-    ntp_tokens, _ = sbd.ntp_generate(m, prompts, 12, temperature=temperature, generator=g, mask_id=mask_id)
+    tokens, _ = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=4, gamma=1.0, temperature=temperature, top_k=5), 12, generator=g)
+    ntp_tokens, _ = generate.ntp_generate(m, prompts, 12, temperature=temperature, generator=g, mask_id=mask_id)
     for row in tokens + ntp_tokens:
         assert len(row) == 12 and mask_id not in row
 
@@ -330,25 +318,23 @@ def test_mask_token_never_in_output(family, temperature):
 def test_max_new_tokens_not_a_multiple_of_k():
     m = random_model("gpt-tiny")
     prompts = random_prompts(m, 2, 3)
-    tokens, stats = sbd.sbd_generate(m, prompts, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=21,
-                                     record_steps=True)
+    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5), 21, record_steps=True)
     assert [len(t) for t in tokens] == [21, 21] and stats.tokens == [21, 21]
-    assert {s.block_start for s in stats.steps} == {0, 16} and stats.steps[-1].tokens.shape == (2, 5)
+    assert {s.block_start[0] for s in stats.steps} == {0, 16} and stats.steps[-1].tokens.shape == (2, 5)
 
 
 def test_decoding_may_fill_the_whole_context():
     """prompt + max_new_tokens == the model's context works: the last block is cut to fit."""
     m = random_model("gpt-tiny")
     prompt = random_prompts(m, 1, 5)
-    tokens, _ = sbd.sbd_generate(m, prompt, 16, 1.5, mask_id=mask_id_of(m), max_new_tokens=59)
+    tokens, _ = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5), 59)
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 16, 1.5, "entropy", 59)[0]
-    assert len(tokens[0]) == 59 and len(sbd.ntp_generate(m, prompt, 59)[0][0]) == 59
+    assert len(tokens[0]) == 59 and len(generate.ntp_generate(m, prompt, 59)[0][0]) == 59
 
 
 def test_stats_add_up():
     m = random_model("gpt-tiny")
-    tokens, stats = sbd.sbd_generate(m, random_prompts(m, 2, 3), 8, 1.5, mask_id=mask_id_of(m),
-                                     max_new_tokens=16, record_steps=True)
+    tokens, stats = generate.sbd_generate(m, random_prompts(m, 2, 3), sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1.5), 16, record_steps=True)
     assert len(stats.steps) == max(stats.nfe)
     assert stats.tokens_per_forward == [t / n for t, n in zip(stats.tokens, stats.nfe)]
     assert stats.wall_time > 0
@@ -370,20 +356,27 @@ def test_stats_add_up():
     (dict(prompt=[[1, 2, 3], [1, 2]]), "unequal"),
     (dict(rule="greedy"), "rule"),
     (dict(stop_ids=[63]), "stop"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(exact=True, temperature=0.5), "left to right"),
 ])
-def test_sbd_errors(kwargs, message):
+@pytest.mark.parametrize("decoder", ["plain", "exact"])
+def test_sbd_errors(kwargs, message, decoder):
     m = random_model("gpt-tiny")
-    args = dict(prompt=random_prompts(m, 1, 5), k=16, gamma=0.5, mask_id=63, max_new_tokens=8)
+    args = dict(prompt=random_prompts(m, 1, 5), max_new_tokens=8)
+    fields = dict(k=16, gamma=0.5, mask_id=63)
+    for name in list(kwargs):
+        (args if name in args else fields)[name] = kwargs[name]
+    run = exact.exact_generate if decoder == "exact" else generate.sbd_generate
     with pytest.raises(ValueError, match=message):
-        sbd.sbd_generate(m, **{**args, **kwargs})
+        run(m, args["prompt"], sampling.DecodeSettings(**fields), args["max_new_tokens"])
 
 
 def test_ntp_errors():
     m = random_model("gpt-tiny")
     with pytest.raises(ValueError, match="context"):
-        sbd.ntp_generate(m, random_prompts(m, 1, 5), 60)
+        generate.ntp_generate(m, random_prompts(m, 1, 5), 60)
     with pytest.raises(ValueError, match="empty"):
-        sbd.ntp_generate(m, [[]], 4)
+        generate.ntp_generate(m, [[]], 4)
 
 # -----------------------------------------------------------------------------
 # sample.py on tiny checkpoints in the train.py format
@@ -392,12 +385,16 @@ def test_ntp_errors():
 CHARS = "\n_abcdefghijklmnopqrstuvwxyz +=?.,"  # '\n' (id 0) stops, '_' (id 1) is the mask token
 
 
-def write_checkpoint(path, sbd_info):
+def write_checkpoint(path, stage, calibration=None):
+    """A tiny checkpoint in train.py's layout, and the calibration.json evaluate.py would write."""
     torch.manual_seed(0)
     m = model_lib.build_model("gpt-tiny", vocab_size=len(CHARS))
     checkpoint = {"model": m.state_dict(), "model_family": "gpt", "model_args": dataclasses.asdict(m.config),
-                  "config": {}, "tokenizer": {"kind": "char", "chars": CHARS}, "sbd": sbd_info}
+                  "stage": stage, "config": {}, "tokenizer": {"kind": "char", "chars": CHARS},
+                  "dataset": "addition", "mask_id": 1, "stop_ids": [0]}
     torch.save(checkpoint, path)
+    if calibration is not None:
+        settings_lib.write_calibration(str(path), checkpoint, calibration)
 
 
 def run_sample(out_dir, *args):
@@ -406,37 +403,40 @@ def run_sample(out_dir, *args):
                           cwd=root, capture_output=True, text=True, timeout=120)
 
 
+CALIBRATED = dict(k={"8": dict(gamma_low=0.5, gamma_high=1.5, gamma_exact=1e9)}, operating_k=8, exact_k=8)
+
+
 def test_sample_script(tmp_path):
-    sbd_info = {"mask_id": 1, "stop_ids": [0], "gamma_low": 0.5, "gamma_high": 1.5, "k": 8}
-    write_checkpoint(tmp_path / "ckpt_sbd.pt", sbd_info)
-    write_checkpoint(tmp_path / "ckpt_ntp.pt", None)
-    done = run_sample(tmp_path, "--start=ab", "--mode=both", "--num_samples=2", "--max_new_tokens=20",
-                      "--show_steps=True")
+    write_checkpoint(tmp_path / "ckpt_sbd.pt", "sbd", CALIBRATED)
+    write_checkpoint(tmp_path / "ckpt_ntp.pt", "ntp")
+    done = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=both", "--num_samples=2",
+                      "--max_new_tokens=20", "--show_steps=True")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("SBD k=8") == 2 and "forwards" in done.stdout and "vs NTP" in done.stdout
-    failed = run_sample(tmp_path, "--ckpt=ntp", "--mode=sbd")
-    assert failed.returncode != 0 and "not an SBD model" in failed.stderr
+    assert done.stdout.count("SBD k=8 γ=0.5") == 2 and "forwards" in done.stdout and "vs NTP" in done.stdout
+    failed = run_sample(tmp_path, "--ckpt=ntp", "--mode=sbd", "--start=ab")
+    assert failed.returncode == 2 and "is an NTP model" in failed.stderr
+    assert "Traceback" not in failed.stderr  # bad input: one line, no traceback
     by_file = run_sample(tmp_path, f"--ckpt={tmp_path / 'ckpt_ntp.pt'}", "--mode=ntp", "--start=ab",
-                         "--num_samples=1", "--max_new_tokens=5")
+                         "--raw=True", "--max_new_tokens=5")
     assert by_file.returncode == 0 and "NTP: 5 tokens" in by_file.stdout, by_file.stderr
-    by_name = run_sample(tmp_path, "--ckpt=ckpt_ntp.pt", "--mode=ntp", "--start=ab", "--num_samples=1",
-                         "--max_new_tokens=5")
-    assert by_name.returncode == 0 and "NTP: 5 tokens" in by_name.stdout, by_name.stderr
 
 
 def test_sample_script_exact_mode(tmp_path):
-    sbd_info = {"mask_id": 1, "stop_ids": [0], "gamma_low": None, "gamma_high": None, "k": 8,
-                "gammas": {"8": [None, None]}, "gamma_exact": {"8": 1e9}}
-    write_checkpoint(tmp_path / "ckpt_sbd.pt", sbd_info)
-    exact = run_sample(tmp_path, "--start=ab", "--mode=both", "--num_samples=1", "--max_new_tokens=20",
-                       "--verify=True", "--show_steps=True")
-    assert exact.returncode == 0, exact.stderr
-    assert "exact SBD k=8 γ=1e+09" in exact.stdout and "rejected" in exact.stdout
-    assert "NTP decoding of the same prompt gives" not in exact.stdout  # the same text, by construction
-    fallback = run_sample(tmp_path, "--start=ab", "--mode=sbd", "--num_samples=1", "--max_new_tokens=8")
-    assert fallback.returncode == 0 and "no γ of k=8 stayed within the accuracy budget" in fallback.stdout
-    sampled = run_sample(tmp_path, "--start=ab", "--verify=True", "--temperature=0.8", "--num_samples=1")
-    assert sampled.returncode != 0 and "temperature=0" in sampled.stderr
+    uncalibrated = dict(k={"8": dict(gamma_low=None, gamma_high=None, gamma_exact=1e9)}, operating_k=None,
+                        exact_k=8)
+    write_checkpoint(tmp_path / "ckpt_sbd.pt", "sbd", uncalibrated)
+    exact_run = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=both", "--max_new_tokens=20",
+                           "--exact=True", "--show_steps=True")
+    assert exact_run.returncode == 0, exact_run.stderr
+    assert "exact SBD k=8 γ=1e+09" in exact_run.stdout and "rejected" in exact_run.stdout
+    assert "NTP decoding of the same prompt gives" not in exact_run.stdout  # the same text, by construction
+    no_gamma = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=sbd", "--k=8", "--max_new_tokens=8")
+    assert no_gamma.returncode == 2 and "needs a γ" in no_gamma.stderr  # never switches mode by itself
+    sampled = run_sample(tmp_path, "--start=ab", "--raw=True", "--exact=True", "--temperature=0.8",
+                         "--max_new_tokens=8")
+    assert sampled.returncode == 0 and "exact SBD" in sampled.stdout, sampled.stderr
+    wrong_rule = run_sample(tmp_path, "--start=ab", "--exact=True", "--temperature=0.8", "--rule=entropy")
+    assert wrong_rule.returncode == 2 and "left to right" in wrong_rule.stderr
 
 
 def test_bench_script_runs():
@@ -449,7 +449,7 @@ def test_bench_script_runs():
         done = subprocess.run([sys.executable, "bench.py", *args, *tiny], cwd=root, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        assert "speed-up" in done.stdout
+        assert "speed-up" in done.stdout or "wall clock vs NTP" in done.stdout
 
 # -----------------------------------------------------------------------------
 # the decode forward's fixed costs (issue 10): cut, with the same numbers
@@ -490,4 +490,4 @@ def test_stop_reached_by_hand():
                               [False, True, True],  # stop first: finished
                               [False, False, False],  # no stop token
                               [False, True, False]])  # stop at 2 behind a mask
-    assert sbd.stop_reached(block, is_masked, torch.tensor([0])).tolist() == [True, False, True, False, False]
+    assert generate.stop_reached(block, is_masked, torch.tensor([0])).tolist() == [True, False, True, False, False]

@@ -1,5 +1,5 @@
 """
-Exact SBD decoding (sbd_generate(verify=True)), checked against plain greedy NTP decoding of the same model.
+Exact SBD decoding (exact.exact_generate), checked against plain greedy NTP decoding of the same model.
 
 Random tiny models draft badly, so their drafts are rejected all the time: the tests below see hundreds of
 rejections and corrections, and the output must still be NTP's token for token. A scripted model whose drafts
@@ -7,11 +7,15 @@ are right except at one chosen position checks that a wrong draft is caught exac
 float64 so that no argmax can flip on rounding between the cached NTP path and the exact path.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-import sbd
 import tiny_models
+import exact
+import generate
+import sampling
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -31,9 +35,11 @@ def prompt_and_stop(m, seed, T0=5):
     return prompt, stop
 
 
-def commit_forwards(stats):
-    """The forwards that committed tokens: each carries the check of what it committed."""
-    return [s for s in stats.steps if s.check is not None]
+def commit_forwards(stats, row=0):
+    """The forwards in which `row` committed tokens, each with its check, its block after the forward
+    (tokens, 1-D) and what the forward revealed."""
+    return [SimpleNamespace(check=s.check[row], tokens=s.tokens[row], revealed=s.revealed[row])
+            for s in stats.steps if s.check is not None and s.check[row] is not None]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -45,10 +51,9 @@ def test_exact_equals_greedy_ntp(family, k):
         for p in range(3):
             prompt, stop = prompt_and_stop(m, p)
             for stop_ids in ([], [stop]):
-                ntp, _ = sbd.ntp_generate(m, prompt, 24, stop_ids, mask_id=mask_id_of(m))
+                ntp, _ = generate.ntp_generate(m, prompt, 24, stop_ids, mask_id=mask_id_of(m))
                 for gamma in (0.0, 0.1, 1e9):
-                    out, stats = sbd.sbd_generate(m, prompt, k, gamma, mask_id=mask_id_of(m), max_new_tokens=24,
-                                                  stop_ids=stop_ids, verify=True, record_steps=True)
+                    out, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=stop_ids, exact=True), 24, record_steps=True)
                     assert out == ntp, f"seed {seed} prompt {p} γ={gamma} stop {stop_ids}"
                     assert stats.tokens == [len(ntp[0])]
                     assert stats.nfe == [len(stats.steps)], "one recorded step per forward"
@@ -63,15 +68,14 @@ def test_every_commit_forward_yields_a_verified_token(family):
     for p in range(3):
         prompt, stop = prompt_and_stop(m, p)
         for k, gamma in ((4, 0.0), (16, 0.1), (16, 1e9)):
-            out, stats = sbd.sbd_generate(m, prompt, k, gamma, mask_id=mask_id_of(m), max_new_tokens=30,
-                                          stop_ids=[stop], verify=True, record_steps=True)
+            out, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=[stop], exact=True), 30, record_steps=True)
             checks = commit_forwards(stats)
             for step in checks:  # kept drafts + (the correction, or the next block's first token from NTP)
-                gained = len(step.check.kept) + (step.check.correction is not None or step.tokens.size(1) > 0)
+                gained = len(step.check.kept) + (step.check.correction is not None or step.tokens.numel() > 0)
                 assert gained >= 1
             assert len(checks) <= stats.tokens[0] + stats.final_checks[0]
             # tokens = drafts NTP confirmed + tokens NTP gave itself (first tokens of blocks, corrections)
-            n_first = sum(1 for s in checks if s.tokens.size(1) > 0)
+            n_first = sum(1 for s in checks if s.tokens.numel() > 0)
             n_corrections = sum(1 for s in checks if s.check.correction is not None)
             assert stats.tokens[0] == stats.accepted[0] + n_first + n_corrections
             assert stats.rejected[0] == sum(len(s.check.rejected) for s in checks)
@@ -92,13 +96,15 @@ class ScriptedDrafts(torch.nn.Module):
     def new_cache(self, *args, **kwargs):
         return self.inner.new_cache(*args, **kwargs)
 
-    def forward(self, idx, mask=None, cache=None, n_commit=None):
+    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
         n_commit = idx.size(1) if n_commit is None else n_commit  # the prefill commits everything
-        first_slot = cache.length + n_commit  # the block's first position (positions are slot indices)
-        logits, loss = self.inner(idx, mask=mask, cache=cache, n_commit=n_commit)
+        if pos is None:  # the default: slot positions
+            pos = torch.arange(cache.length, cache.length + idx.size(1))
+        positions = pos.reshape(-1, idx.size(1))[0].tolist()  # one row
+        logits, loss = self.inner(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
         logits = logits.clone()
         for i in range(idx.size(1) - n_commit):
-            position = first_slot + i
+            position = positions[n_commit + i]
             token = self.script[position]
             if position == self.wrong_at:
                 token = (token + 1) % (self.config.vocab_size - 1)
@@ -113,11 +119,10 @@ def test_a_wrong_draft_is_caught_and_corrected_where_it_is(family, wrong):
     m = random_model(family)
     prompt, _ = prompt_and_stop(m, 0)
     T0, n = prompt.size(1), 30
-    ntp, _ = sbd.ntp_generate(m, prompt, n, mask_id=mask_id_of(m))
+    ntp, _ = generate.ntp_generate(m, prompt, n, mask_id=mask_id_of(m))
     script = prompt[0].tolist() + ntp[0] + [0] * 8
     scripted = ScriptedDrafts(m, script, wrong_at=T0 + wrong)
-    out, stats = sbd.sbd_generate(scripted, prompt, 8, 1e9, mask_id=mask_id_of(m), max_new_tokens=n,
-                                  verify=True, record_steps=True)
+    out, stats = exact.exact_generate(scripted, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True), n, record_steps=True)
     assert out == ntp
     rejections = [s.check for s in commit_forwards(stats) if s.check.correction is not None]
     assert len(rejections) == 1
@@ -133,8 +138,7 @@ def test_wasted_forwards_count_forwards_whose_reveals_all_went():
     the forwards that revealed only rejected slots are wasted, and they are at most the block's forwards."""
     m = random_model("gpt-tiny")
     prompt, _ = prompt_and_stop(m, 1)
-    _, stats = sbd.sbd_generate(m, prompt, 8, 0.0, mask_id=mask_id_of(m), max_new_tokens=24, verify=True,
-                                record_steps=True)
+    _, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=0.0, exact=True), 24, record_steps=True)
     assert 0 < stats.wasted_forwards[0] < stats.nfe[0]
 
 
@@ -142,19 +146,25 @@ def test_wasted_forwards_count_forwards_whose_reveals_all_went():
 def test_cache_after_exact_decoding_equals_ntp_cache(family, monkeypatch):
     m = random_model(family)
     prompt, stop = prompt_and_stop(m, 2)
-    caches = []
-    new_cache = m.new_cache
+    caches, row_caches = [], []
+    new_cache, RowCache = m.new_cache, exact.RowCache
 
     def keep(*args, **kwargs):
         caches.append(new_cache(*args, **kwargs))
         return caches[-1]
 
+    def keep_rows(*args):
+        row_caches.append(RowCache(*args))
+        return row_caches[-1]
+
     monkeypatch.setattr(m, "new_cache", keep)
-    ntp, _ = sbd.ntp_generate(m, prompt, 24, mask_id=mask_id_of(m))
-    out, stats = sbd.sbd_generate(m, prompt, 8, 0.5, mask_id=mask_id_of(m), max_new_tokens=24, verify=True)
-    assert out == ntp and stats.rejected[0] > 0  # rejections happened, so the cache was truncated
-    ntp_cache, exact_cache = caches
-    n = min(ntp_cache.length, exact_cache.length)
+    monkeypatch.setattr(exact, "RowCache", keep_rows)
+    ntp, _ = generate.ntp_generate(m, prompt, 24, mask_id=mask_id_of(m))
+    settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=0.5, exact=True)
+    out, stats = exact.exact_generate(m, prompt, settings, 24)
+    assert out == ntp and stats.rejected[0] > 0  # rejections happened, so the cache was cut back
+    ntp_cache, exact_cache = caches[0], row_caches[0]
+    n = min(ntp_cache.length, exact_cache.lengths[0])
     assert n >= prompt.size(1) + 24 - 1  # every emitted token but the last was committed
     for a, b in zip(ntp_cache.k + ntp_cache.v, exact_cache.k + exact_cache.v):
         assert torch.allclose(a[:, :, :n], b[:, :, :n], atol=1e-10)
@@ -164,33 +174,30 @@ def test_max_new_tokens_and_stop_as_plain_mode():
     m = random_model("llama-tiny")
     prompt, stop = prompt_and_stop(m, 3)
     for n in (1, 2, 7, 16, 17):
-        out, stats = sbd.sbd_generate(m, prompt, 16, 1e9, mask_id=mask_id_of(m), max_new_tokens=n, verify=True)
+        out, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, exact=True), n)
         assert len(out[0]) == n == stats.tokens[0]
-    ntp, _ = sbd.ntp_generate(m, prompt, 40, [stop], mask_id=mask_id_of(m))
-    out, _ = sbd.sbd_generate(m, prompt, 16, 1e9, mask_id=mask_id_of(m), max_new_tokens=40, stop_ids=[stop],
-                              verify=True)
+    ntp, _ = generate.ntp_generate(m, prompt, 40, [stop], mask_id=mask_id_of(m))
+    out, _ = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, stop_ids=[stop], exact=True), 40)
     assert out == ntp
 
 
 def test_exact_step_view_marks_rejections():
     m = random_model("gpt-tiny")
     prompt, _ = prompt_and_stop(m, 0)
-    _, stats = sbd.sbd_generate(m, prompt, 8, 1e9, mask_id=mask_id_of(m), max_new_tokens=20, verify=True,
-                                record_steps=True)
-    text = sbd.format_steps(stats.steps, lambda ids: "".join(chr(65 + i % 26) for i in ids), mask_id_of(m))
+    _, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True), 20, record_steps=True)
+    text = generate.format_steps(stats.steps, lambda ids: "".join(chr(65 + i % 26) for i in ids), mask_id_of(m))
     assert len(text.splitlines()) == stats.nfe[0]
     assert "~" in text and "{" in text and "checks tokens" in text
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt=torch.zeros(2, 3, dtype=torch.long)), "one prompt at a time"),
-    (dict(temperature=0.7), "temperature=0"),
+    (dict(temperature=0.7), "left to right"),
     (dict(max_new_tokens=0), "max_new_tokens must be at least 1"),
-    (dict(max_new_tokens=0, verify=False), "max_new_tokens must be at least 1"),
+    (dict(mask_id=None), "outside"),
 ])
 def test_exact_errors(kwargs, message):
     m = random_model("gpt-tiny")
-    args = dict(model=m, prompt=torch.zeros(1, 3, dtype=torch.long), k=4, gamma=0.1, mask_id=mask_id_of(m),
-                max_new_tokens=8, verify=True)
+    n = kwargs.pop("max_new_tokens", 8)
     with pytest.raises(ValueError, match=message):
-        sbd.sbd_generate(**{**args, **kwargs})
+        settings = sampling.DecodeSettings(**{**dict(k=4, gamma=0.1, mask_id=mask_id_of(m), exact=True), **kwargs})
+        exact.exact_generate(m, torch.zeros(1, 3, dtype=torch.long), settings, n)

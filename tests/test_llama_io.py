@@ -196,7 +196,7 @@ def test_load_llama_detects_layouts(tmp_path):
     assert_same_model(meta_model, hf_model)  # both layouts give the same parameters and logits
     (tmp_path / "empty").mkdir()
     for missing in (tmp_path / "empty", tmp_path / "nowhere"):
-        with pytest.raises(FileNotFoundError, match="params.json.*config.json"):
+        with pytest.raises(ValueError, match="params.json.*config.json"):
             load_llama(missing)
 
 

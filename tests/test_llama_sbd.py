@@ -21,6 +21,8 @@ from load_llama import config_from_hf, write_safetensors
 from model import IGNORE_INDEX, LLAMA_PRESETS, Llama, LlamaConfig, load_checkpoint, rope_frequencies
 from task import JsonlTask
 from test_llama_io import to_hf, tiny_config_json
+import generate
+import sampling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_BASE = 256  # byte-level ranks only: <|begin_of_text|> = 256, mask (reserved_0) = 258, <|eot_id|> = 265
@@ -106,7 +108,7 @@ def test_jsonl_cuts_long_rows_and_reports_bad_files(files, tmp_path, capsys):
     x, y, answer = task.training_tensors("train", loss_on_answer_only=True)
     assert 0 < len(x) < 7 and answer.any(dim=1).all() and (y != IGNORE_INDEX).any(dim=1).all()
     assert f"7 of 7 pairs cut at seq_len=38 ({7 - len(x)} of them dropped" in capsys.readouterr().out
-    with pytest.raises(FileNotFoundError, match='"prompt".*"response"'):
+    with pytest.raises(ValueError, match='"prompt".*"response"'):
         JsonlTask(str(tmp_path / "nowhere.jsonl"), files["tokenizer"], seq_len=30)
     (tmp_path / "bad.jsonl").write_text(json.dumps(PAIRS[0]) + "\n" + json.dumps({"prompt": "hi"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:2"):
@@ -208,14 +210,14 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     assert model.config.vocab_size == 512 and model.config.n_kv_heads == 2
     tokenizer_path = str(tmp_path / layout / ("tokenizer.model" if layout == "meta" else "original/tokenizer.model"))
     assert ckpt["tokenizer"] == dict(kind="llama", path=tokenizer_path)
-    assert ckpt["sbd"]["mask_id"] == MASK and ckpt["sbd"]["stop_ids"] == [257, 264, 265]
+    assert ckpt["stage"] == "sbd" and ckpt["mask_id"] == MASK and ckpt["stop_ids"] == [257, 264, 265]
     if layout == "meta":  # resume continues where the run stopped
         log = run("train.py", *args, "--init_from=resume", "--sbd_iters=3")
         assert "iter 2 [sbd]" in log and "iter 1 [sbd]" not in log
         assert torch.load(out_dir / "ckpt_sbd.pt", weights_only=False)["iter_num"] == 3
         # sample.py: the fine-tuned checkpoint (SBD and NTP), and the Llama as downloaded (NTP only)
         log = run("sample.py", f"--out_dir={out_dir}", "--start=What is 2 + 2?", "--num_samples=1",
-                  "--max_new_tokens=8", "--device=cpu")
+                  "--max_new_tokens=8", "--device=cpu", "--gamma=0.35")  # no calibration.json yet
         assert "What is 2 + 2?" in log and "SBD k=16" in log and "vs NTP" in log
         log = run("sample.py", f"--init_from={tmp_path / layout}", "--mode=ntp", "--start=Hi", "--num_samples=1",
                   "--max_new_tokens=8", "--device=cpu")
@@ -226,12 +228,11 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     prompt = JsonlTask(files["jsonl"], tokenizer_path, 48).encode_prompt("What is 2 + 2?")
     logits, _ = model(torch.tensor([prompt]))
     assert (logits.argmax(-1) == MASK).all()  # the unsuppressed favourite everywhere
-    out, _ = sbd.sbd_generate(model, [prompt], k=4, gamma=0.5, mask_id=MASK, max_new_tokens=12, stop_ids=[EOT])
+    out, _ = generate.sbd_generate(model, [prompt], sampling.DecodeSettings(mask_id=MASK, k=4, gamma=0.5, stop_ids=[EOT]), 12)
     assert len(out[0]) > 0 and MASK not in out[0]
-    out, _ = sbd.sbd_generate(model, [prompt], k=4, gamma=0.5, mask_id=MASK, max_new_tokens=12, temperature=1.0,
-                              generator=torch.Generator().manual_seed(0))
+    out, _ = generate.sbd_generate(model, [prompt], sampling.DecodeSettings(mask_id=MASK, k=4, gamma=0.5, temperature=1.0), 12, generator=torch.Generator().manual_seed(0))
     assert MASK not in out[0]
-    out, _ = sbd.ntp_generate(model, [prompt], 12, mask_id=MASK)
+    out, _ = generate.ntp_generate(model, [prompt], 12, mask_id=MASK)
     assert MASK not in out[0]
 
 

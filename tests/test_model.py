@@ -306,7 +306,8 @@ def test_n_commit_needs_a_cache():
 
 def tiny_checkpoint(family, m):
     args = {"gpt-tiny": model_lib.GPT_PRESETS, "llama-tiny": model_lib.LLAMA_PRESETS}[family][family]
-    return dict(model=m.state_dict(), model_family=family.split("-")[0], model_args=dict(args))
+    return dict(model=m.state_dict(), model_family=family.split("-")[0], model_args=dict(args),
+                stage="ntp")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -326,6 +327,11 @@ def test_load_checkpoint_round_trip_and_shape_mismatch(family, tmp_path):
         model_lib.load_checkpoint(path)
 
 
-def test_missing_checkpoint(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint at .*nope\.pt: train one first \(python train\.py"):
+def test_missing_or_outdated_checkpoint(tmp_path):
+    checkpoint = tiny_checkpoint("gpt-tiny", random_model("gpt-tiny"))
+    del checkpoint["stage"]  # a checkpoint of an earlier layout
+    model_lib.save_checkpoint(checkpoint, str(tmp_path / "old.pt"))
+    with pytest.raises(ValueError, match="older version of train.py: train it again"):
+        model_lib.load_checkpoint(str(tmp_path / "old.pt"))
+    with pytest.raises(ValueError, match=r"no checkpoint at .*nope\.pt: train one first \(python train\.py"):
         model_lib.load_checkpoint(str(tmp_path / "nope.pt"))

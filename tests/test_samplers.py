@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import sbd
+import sampling
 
 # -----------------------------------------------------------------------------
 # the rules, written out independently, one row at a time
@@ -52,7 +53,7 @@ BY_HAND = {"entropy": by_hand_entropy, "confidence": by_hand_confidence, "factor
 
 def check_against_by_hand(rule, probs, is_masked, threshold):
     """Run sbd's vectorised rule on the batch and the by-hand rule row by row; they must agree."""
-    reveal = sbd.REVEAL_RULES[rule](probs, is_masked, threshold)  # (B, k)
+    reveal = sampling.REVEAL_RULES[rule](probs, is_masked, threshold)  # (B, k)
     assert reveal.dtype == torch.bool and reveal.shape == is_masked.shape
     for b in range(probs.size(0)):
         expected = BY_HAND[rule](probs[b].tolist(), is_masked[b].tolist(), threshold)
@@ -100,21 +101,21 @@ def test_thresholds_in_between_vary_the_count(rule):
 def test_gamma_zero_reveals_one_and_huge_gamma_all(rule):
     probs, is_masked = random_block(seed=4)
     has_mask = is_masked.any(dim=1)
-    one = sbd.REVEAL_RULES[rule](probs, is_masked, 0.0)
+    one = sampling.REVEAL_RULES[rule](probs, is_masked, 0.0)
     assert (one.sum(dim=1) == has_mask.long()).all()
-    everything = sbd.REVEAL_RULES[rule](probs, is_masked, 1e9)
+    everything = sampling.REVEAL_RULES[rule](probs, is_masked, 1e9)
     assert torch.equal(everything, is_masked)
 
 
 def test_factor_extremes():
     """f <= 0 reveals only the most confident position; f > k + 1 reveals all (1 - c <= 1)."""
     probs, is_masked = random_block(seed=5)
-    one = sbd.reveal_factor(probs, is_masked, 0.0)
+    one = sampling.reveal_factor(probs, is_masked, 0.0)
     assert (one.sum(dim=1) == is_masked.any(dim=1).long()).all()
     conf = probs.amax(-1).masked_fill(~is_masked, -1)
     rows = is_masked.any(dim=1)
     assert torch.equal(one[rows].float().argmax(dim=1), conf[rows].argmax(dim=1))
-    assert torch.equal(sbd.reveal_factor(probs, is_masked, probs.size(1) + 2.0), is_masked)
+    assert torch.equal(sampling.reveal_factor(probs, is_masked, probs.size(1) + 2.0), is_masked)
 
 
 def test_factor_rule_is_one_minus_confidence():
@@ -124,7 +125,7 @@ def test_factor_rule_is_one_minus_confidence():
     rows = [[0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3], [0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3], [0.6, 0.2, 0.1, 0.1]]
     probs = torch.tensor([rows], dtype=torch.float64)  # (1, 3, V)
     assert probs.shape == (1, 3, V)
-    reveal = sbd.reveal_factor(probs, torch.ones(1, 3, dtype=torch.bool), 0.5)
+    reveal = sampling.reveal_factor(probs, torch.ones(1, 3, dtype=torch.bool), 0.5)
     assert reveal.tolist() == [[True, True, False]]
 
 
@@ -134,7 +135,7 @@ def test_ties_keep_lower_position_first(rule):
     k, V = 6, 5
     probs = torch.softmax(torch.tensor([3.0, 1.0, 0.0, 0.0, -1.0], dtype=torch.float64), 0).expand(2, k, V)
     is_masked = torch.tensor([[False, True, True, True, False, True], [True] * k])
-    reveal = sbd.REVEAL_RULES[rule](probs, is_masked, 0.0)
+    reveal = sampling.REVEAL_RULES[rule](probs, is_masked, 0.0)
     assert reveal.tolist() == [[False, True, False, False, False, False], [True] + [False] * (k - 1)]
     check_against_by_hand(rule, probs, is_masked, 0.0)
 
@@ -143,7 +144,7 @@ def test_ties_keep_lower_position_first(rule):
 def test_single_mask_and_no_mask(rule):
     probs, _ = random_block(B=3, k=5, seed=6)
     is_masked = torch.tensor([[False, False, True, False, False], [False] * 5, [True] + [False] * 4])
-    reveal = sbd.REVEAL_RULES[rule](probs, is_masked, 0.0)
+    reveal = sampling.REVEAL_RULES[rule](probs, is_masked, 0.0)
     assert torch.equal(reveal, is_masked), "a single mask is always revealed; no mask, nothing"
 
 
@@ -151,9 +152,9 @@ def test_single_mask_and_no_mask(rule):
 def test_batch_rows_are_independent(rule):
     """A row's reveal does not depend on the other rows of the batch."""
     probs, is_masked = random_block(B=5, seed=7)
-    together = sbd.REVEAL_RULES[rule](probs, is_masked, 1.0)
+    together = sampling.REVEAL_RULES[rule](probs, is_masked, 1.0)
     for b in range(5):
-        alone = sbd.REVEAL_RULES[rule](probs[b:b + 1], is_masked[b:b + 1], 1.0)
+        alone = sampling.REVEAL_RULES[rule](probs[b:b + 1], is_masked[b:b + 1], 1.0)
         assert torch.equal(alone[0], together[b])
 
 
@@ -170,29 +171,29 @@ def test_rules_take_float32(rule):
 def test_mask_token_is_never_chosen():
     logits = torch.randn(4, 3, 10)
     logits[..., 7] = 100.0  # the mask token would win everything
-    suppressed = sbd.suppress_mask(logits, 7)
+    suppressed = sampling.suppress_mask(logits, 7)
     assert logits[0, 0, 7] == 100.0, "suppress_mask must not modify its input"
-    assert not (sbd.pick_tokens(suppressed) == 7).any()
+    assert not (sampling.pick_tokens(suppressed) == 7).any()
     g = torch.Generator().manual_seed(0)
-    sampled = sbd.pick_tokens(suppressed, temperature=1.0, generator=g)
+    sampled = sampling.pick_tokens(suppressed, temperature=1.0, generator=g)
     assert not (sampled == 7).any()
 
 
 def test_greedy_and_top_k():
     logits = torch.randn(8, 5, 30)
-    assert torch.equal(sbd.pick_tokens(logits), logits.argmax(-1))
+    assert torch.equal(sampling.pick_tokens(logits), logits.argmax(-1))
     g = torch.Generator().manual_seed(0)
-    assert torch.equal(sbd.pick_tokens(logits, temperature=2.0, top_k=1, generator=g), logits.argmax(-1))
+    assert torch.equal(sampling.pick_tokens(logits, temperature=2.0, top_k=1, generator=g), logits.argmax(-1))
     top3 = torch.topk(logits, 3, dim=-1).indices  # (8, 5, 3)
     for _ in range(5):
-        drawn = sbd.pick_tokens(logits, temperature=1.5, top_k=3, generator=g)  # (8, 5)
+        drawn = sampling.pick_tokens(logits, temperature=1.5, top_k=3, generator=g)  # (8, 5)
         assert (drawn[..., None] == top3).any(-1).all(), "top_k=3 drew a token outside the top 3"
 
 
 def test_sampling_follows_the_generator():
     logits = torch.randn(2, 4, 30)
-    a = sbd.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
-    b = sbd.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
+    a = sampling.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
+    b = sampling.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
     assert torch.equal(a, b)
 
 
@@ -201,10 +202,11 @@ def test_block_sampler_reveals_on_the_temperature_one_distribution():
     logits = torch.randn(3, 6, 20) * 3
     block = torch.full((3, 6), 19)
     is_masked = torch.ones(3, 6, dtype=torch.bool)
-    greedy = sbd.BlockSampler(mask_id=19, gamma=0.5)
-    hot = sbd.BlockSampler(mask_id=19, gamma=0.5, temperature=5.0, generator=torch.Generator().manual_seed(0))
-    _, revealed_greedy = greedy.step(logits, block, is_masked)
-    new_block, revealed_hot = hot.step(logits, block, is_masked)
+    greedy = sampling.DecodeSettings(mask_id=19, gamma=0.5)
+    hot = greedy.replace(temperature=5.0)
+    _, revealed_greedy = sampling.reveal_step(logits, block, is_masked, greedy)
+    new_block, revealed_hot = sampling.reveal_step(logits, block, is_masked, hot,
+                                                   torch.Generator().manual_seed(0))
     assert torch.equal(revealed_greedy, revealed_hot)
     assert not (new_block[revealed_hot] == 19).any()
     assert (new_block[~revealed_hot] == 19).all(), "unrevealed positions stay masked"

@@ -1,0 +1,387 @@
+"""
+Exact SBD: the output of NTP decoding, with fewer forwards (docs/method.md, Exact mode).
+
+The forward that commits a block (the first forward of the next block) computes, for every token
+of it, the causal logits of the position before: exactly what NTP decoding computes there. So it
+checks the block's drafts for free, like speculative decoding with the model's own masked-token
+predictions as the draft model:
+  - greedy (temperature 0): a draft must equal the argmax of the causal logits before it;
+  - sampling: a draft x drawn from q is kept with probability min(1, p(x) / q(x)), p being the
+    causal distribution (Leviathan et al. 2023; Chen et al. 2023);
+  - at the first rejected draft: keep the drafts before it, emit NTP's token instead (the argmax,
+    or a draw from norm(max(0, p - q))), forget the cache from there on, throw away the new block
+    (its drafts were conditioned on the wrong token) and start the next block after the correction;
+  - a block's first token is NTP's own (the committed prefix's last causal logit), and the block
+    that ends a row gets one more forward that only checks it.
+So the greedy output is greedy NTP's, token for token, and the sampled output is distributed as NTP
+sampling's; γ and the block size only trade forwards spent on rejected drafts against tokens per
+forward.
+
+Rows of a batch keep different numbers of drafts, so each row has its own cache length (RowCache),
+and all rows run their forwards in lockstep: a forward feeds every row's pending tokens and block,
+padded to the widest row, and its mask (exact_mask) hides the padding.
+
+    tokens, stats = exact_generate(model, prompts, DecodeSettings(mask_id=31, exact=True), 64)
+"""
+
+import time
+
+import torch
+from torch.nn import functional as F
+
+from generate import Check, DecodeStats, Step, check_mask_id, check_prompt, new_cache, prefill
+from sampling import REVEAL_RULES, filter_logits, reveal_step, sample, suppress_mask
+from sbd import hybrid_mask
+
+MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
+
+
+class RowCache:
+    """A KV cache in which every row keeps its own length.
+
+    It adopts the buffers of the model's KVCache (self.k[layer], self.v[layer]: (B, n_kv_head,
+    max_len, head_dim)). Row b's committed tokens sit in slots [0, lengths[b]). A forward of T new
+    tokens writes row b's keys and values to slots [lengths[b], lengths[b] + T) and attends over
+    slots [0, max(lengths) + T): slots past a row's own new tokens hold stale scratch, which the
+    caller's mask hides. commit(n) commits the first n new tokens of every row; rows forget a
+    surplus (padding, rejected drafts) with forget().
+    """
+
+    def __init__(self, cache, batch_size):
+        self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
+        self.lengths = [0] * batch_size  # host ints: the decoder reads them every forward anyway
+        self.index = None  # (B, 1, T, 1) slots of the new tokens, made once per forward
+
+    @property
+    def length(self):
+        """The common length, while every row has the same (the prefill's default path)."""
+        if len(set(self.lengths)) != 1:
+            raise ValueError("rows have different cache lengths: pass positions and a mask")
+        return self.lengths[0]
+
+    def extend(self, layer, k_new, v_new, n_commit):
+        B, H, T, D = k_new.shape
+        end = max(self.lengths) + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {end} slots needed, max_len {self.max_len}")
+        if self.index is None or self.index.size(2) != T:
+            start = torch.tensor(self.lengths, device=k_new.device)[:, None]  # (B, 1)
+            self.index = (start + torch.arange(T, device=k_new.device))[:, None, :, None]
+        index = self.index.expand(B, H, T, D)  # (B, H, T, D): row b's slots start at its length
+        self.k[layer].scatter_(2, index, k_new)
+        self.v[layer].scatter_(2, index, v_new)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def commit(self, n):
+        self.lengths = [length + n for length in self.lengths]
+        self.index = None
+
+    def forget(self, row, n):
+        """Row `row` drops its last n committed tokens (they become scratch)."""
+        self.lengths[row] -= n
+
+
+def exact_mask(q, kv, n_cached, n_prev, kb, P):
+    """Mask of one lockstep forward for one row (True = may attend); pure in (q, kv).
+
+    The forward feeds P slots of pending tokens (the row's n_prev, then padding) and then block
+    slots (the row's kb, then padding); query q is such a slot, key kv a cache slot, new tokens
+    written from slot n_cached on. Without the padding this is hybrid_mask over [cache ; pending ;
+    block]: each slot is mapped to its place among the row's real new tokens, padding sees only
+    itself (a query that sees no key would make softmax NaN) and nothing sees padding or stale
+    slots. Returns (mask, the real new-token index of each query, to make positions).
+    """
+    t = kv - n_cached  # which new token key kv holds (< 0: a committed one)
+    real_q = (q < n_prev) | (q >= P) & (q < P + kb)
+    real_kv = (t < n_prev) | (t >= P) & (t < P + kb)
+    q_new = torch.where(q < P, q, q - P + n_prev)  # padding removed
+    kv_new = torch.where(t < P, t, t - P + n_prev)
+    mask = real_q & real_kv & hybrid_mask(q_new, kv_new, n_prev) | (t == q)
+    return mask, q_new
+
+
+def lockstep_inputs(cache, pending, n_prev, block, kb):
+    """Tokens (B, T), positions (B, T) and mask (B, T, S) of one lockstep forward.
+
+    pending (B, P) and block (B, K) are padded; row b uses n_prev[b] and kb[b] of them.
+    """
+    device = pending.device
+    P, K = pending.size(1), block.size(1)
+    tokens = torch.cat([pending, block], dim=1)  # (B, T)
+    n_cached = torch.tensor(cache.lengths, device=device)[:, None, None]  # (B, 1, 1)
+    q = torch.arange(P + K, device=device)[None, :, None]  # (1, T, 1)
+    kv = torch.arange(max(cache.lengths) + P + K, device=device)[None, None, :]  # (1, 1, S)
+    n_prev = torch.as_tensor(n_prev, device=device)[:, None, None]
+    kb = torch.as_tensor(kb, device=device)[:, None, None]
+    mask, q_new = exact_mask(q, kv, n_cached, n_prev, kb, P)  # (B, T, S)
+    pos = (n_cached + q_new)[:, :, 0]  # (B, T)
+    return tokens, pos, mask
+
+
+# -----------------------------------------------------------------------------
+# the acceptance rule
+
+
+def accept_greedy(drafts, causal, mask_id):
+    """drafts (B, n), causal logits (B, n + 1, V) -> (ok (B, n) bool, targets (B, n + 1)).
+
+    Draft j is kept iff it equals NTP's argmax after the slot before it; targets are NTP's tokens,
+    the correction after the last kept draft and, if all are kept, the next block's first token.
+    """
+    targets = suppress_mask(causal, mask_id).argmax(-1)  # (B, n + 1)
+    return drafts == targets[:, :-1], targets
+
+
+def accept_sampled(drafts, q, p, generator=None):
+    """Speculative sampling's rule on drafts (B, n) drawn from q (B, n, V); p (B, n + 1, V).
+
+    Draft x at slot j is kept with probability min(1, p_j(x) / q_j(x)). Returns ok (B, n) and
+    targets (B, n + 1): at each j a draw from norm(max(0, p_j - q_j)), used only where draft j is
+    the first rejected one, and at n a draw from p_n, the token after a fully kept block. Then the
+    emitted tokens are distributed as draws from p (docs/method.md, Exact sampling).
+    """
+    B, n = drafts.shape
+    p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
+    q_x = q.gather(-1, drafts[..., None])[..., 0]
+    u = torch.rand(B, n, generator=generator, device=drafts.device)
+    ok = u * q_x < p_x  # P(ok) = min(1, p(x) / q(x))
+    residual = (p[:, :n] - q).clamp(min=0)  # (B, n, V)
+    empty = residual.sum(-1, keepdim=True) <= 0  # p == q there: a rejection cannot happen
+    residual = torch.where(empty, p[:, :n], residual)
+    targets = sample(torch.cat([residual, p[:, n:]], dim=1), generator)  # multinomial normalises
+    return ok, targets
+
+
+def leading(ok, n):
+    """(B,) how many of each row's first n[b] entries of ok (B, m) hold before the first False."""
+    valid = torch.arange(ok.size(1), device=ok.device)[None] < n[:, None]
+    return (ok & valid).int().cumprod(dim=1).sum(dim=1)
+
+
+def next_block_size(k, n_drafts, n_ok, patience, wait, K):
+    """Adaptive block size of one row after a check of n_drafts drafts, n_ok of them kept.
+
+    Rule: every draft kept -> the block doubles (at most K); a draft rejected -> the block shrinks
+    to n_ok + 1, what survived plus NTP's token. So a row whose drafts keep failing decodes with
+    blocks of 1: plain NTP, one token fed per forward and nothing drafted. Such a row tries k = 2
+    again after `patience` blocks; its patience doubles after each failed try (up to MAX_PATIENCE)
+    and resets once drafts survive, as dynamic draft lengths in speculative decoding back off.
+    Returns (k, patience, wait).
+    """
+    if n_drafts == 0:  # nothing to judge by: a block of 1 waits for its next try
+        wait = max(wait - 1, 0)
+        return (2 if k == 1 and wait == 0 else k), patience, wait
+    if n_ok == n_drafts:
+        return min(2 * k, K), 1, 0
+    if n_ok == 0:
+        return 1, min(2 * patience, MAX_PATIENCE), patience
+    return n_ok + 1, patience, 0
+
+
+# -----------------------------------------------------------------------------
+# the decoder
+
+
+class Rows:
+    """Each row's state between forwards: host lists, and tensors for the blocks being drafted."""
+
+    def __init__(self, prompt, settings, max_new_tokens):
+        B, K, device = prompt.size(0), settings.k, prompt.device
+        self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
+        self.out = [[] for _ in range(B)]  # verified tokens
+        self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: verified token, drafts
+        self.pending_revealed_by = [[] for _ in range(B)]  # forward of its block, per pending slot
+        self.done = [False] * B
+        self.k, self.patience, self.wait = [K] * B, [1] * B, [0] * B  # the block size's state
+        self.kb = [0] * B  # slots of the block being drafted (0: the next forward only checks)
+        self.block_start = [0] * B  # index of the block's first token among the row's tokens
+        self.block = torch.full((B, K), settings.mask_id, device=device)  # (B, K)
+        self.is_masked = torch.zeros(B, K, dtype=torch.bool, device=device)
+        self.revealed_by = torch.full((B, K), -1, device=device)  # forward of the block, per slot
+        self.forwards = torch.zeros(B, 1, dtype=torch.long, device=device)  # of the current block
+        self.q = self.q_pending = None  # sampling: (B, K, V) the draws' distributions
+        self.stats = {name: [0] * B for name in
+                      ("nfe", "accepted", "rejected", "wasted_forwards", "final_checks")}
+        for b in range(B):
+            self.new_block(b)
+
+    def new_block(self, b):
+        """Row b's next block: masks after its pending tokens, or none if they end the row."""
+        pending = self.pending[b]
+        room = self.max_new_tokens - len(self.out[b]) - (len(pending) - 1)
+        last = len(pending) > 1 and pending[-1] in self.settings.stop_ids or room == 0
+        self.kb[b] = 0 if last else min(self.k[b], room)
+        self.block[b] = self.settings.mask_id
+        self.is_masked[b] = torch.arange(self.K, device=self.block.device) < self.kb[b]
+        self.revealed_by[b], self.forwards[b] = -1, 0
+
+    def emit(self, b, tokens):
+        """Verified tokens of row b; the row is done at a stop token or at max_new_tokens."""
+        for t in tokens:
+            if not self.done[b]:
+                self.out[b].append(t)
+                self.done[b] = t in self.settings.stop_ids or len(self.out[b]) == self.max_new_tokens
+
+
+def check_pending(rows, cache, pending, causal, n_prev, generator):
+    """Verify what each row's forward committed. -> per row: its Check (None: nothing committed),
+    whether it rejected a draft, whether its new block's slot 0 was revealed (NTP's token).
+
+    pending (B, P): each row's verified token then its drafts, padded; causal (B, P, V).
+    """
+    s = rows.settings
+    drafts = pending[:, 1:]  # (B, P - 1): draft j is checked by the causal logits at slot j
+    if s.temperature == 0:
+        ok, targets = accept_greedy(drafts, causal, s.mask_id)
+    else:
+        logits = filter_logits(suppress_mask(causal, s.mask_id), s.temperature, s.top_k, s.top_p)
+        q = rows.q_pending[:, :drafts.size(1)]
+        ok, targets = accept_sampled(drafts, q, F.softmax(logits, dim=-1), generator)
+    n_drafts = [max(n - 1, 0) for n in n_prev]
+    n_ok = leading(ok, torch.tensor(n_drafts, device=ok.device)).tolist()
+    targets = targets.tolist()
+    checks, rejected, first = [None] * len(n_prev), [False] * len(n_prev), [False] * len(n_prev)
+    for b in (b for b in range(len(n_prev)) if n_prev[b]):
+        a, n, drafted = n_ok[b], n_drafts[b], rows.pending[b][1:]
+        checks[b] = Check(len(rows.out[b]), drafted[:a], drafted[a:], None)
+        rows.stats["accepted"][b] += a
+        rows.stats["final_checks"][b] += rows.kb[b] == 0
+        rows.emit(b, drafted[:a])
+        if s.adaptive:
+            rows.k[b], rows.patience[b], rows.wait[b] = next_block_size(
+                rows.k[b], n, a, rows.patience[b], rows.wait[b], rows.K)
+        if a < n:  # draft a is wrong: NTP's token replaces it, the new block is dropped
+            cache.forget(b, n - a)
+            rows.stats["rejected"][b] += n - a
+            rows.stats["wasted_forwards"][b] += wasted(rows.pending_revealed_by[b], a)
+            checks[b].correction = targets[b][a]
+            rows.emit(b, [targets[b][a]])
+            rows.pending[b], rejected[b] = [targets[b][a]], True
+            rows.new_block(b)
+        elif rows.kb[b] == 0:  # the row's last block checked out
+            rows.done[b] = True
+        else:  # the new block's first token is NTP's own: verified as it is made
+            rows.block[b, 0], rows.is_masked[b, 0], rows.revealed_by[b, 0] = targets[b][n], False, 0
+            rows.block_start[b], first[b] = len(rows.out[b]), True
+            rows.emit(b, [targets[b][n]])
+            rows.pending[b] = []
+    return checks, rejected, first
+
+
+def wasted(revealed_by, n_ok):
+    """Forwards of a rejected block whose every reveal was thrown away: each revealed only slots
+    after the kept slots 0..n_ok (a rejected draft, or a slot cut after the stop token)."""
+    every = {f for f in revealed_by if f >= 0}
+    return len(every - {f for f in revealed_by[:n_ok + 1] if f >= 0})
+
+
+def draft(rows, logits, drafting, generator):
+    """The reveal rule on the rows still drafting; logits (B, W, V) of the first W block slots.
+    -> revealed (B, K) bool."""
+    s, W = rows.settings, logits.size(1)
+    masked = rows.is_masked[:, :W] & drafting[:, None]
+    revealed_all = torch.zeros_like(rows.is_masked)
+    if not masked.any():
+        return revealed_all
+    if s.temperature == 0:
+        block, revealed = reveal_step(logits, rows.block[:, :W], masked, s, generator)
+    else:  # keep each draw's distribution q for the acceptance rule
+        logits = suppress_mask(logits, s.mask_id)
+        q = F.softmax(filter_logits(logits, s.temperature, s.top_k, s.top_p), dim=-1)  # (B, W, V)
+        revealed = REVEAL_RULES[s.rule](F.softmax(logits.float(), dim=-1), masked, s.gamma)
+        block = torch.where(revealed, sample(q, generator), rows.block[:, :W])
+        rows.q[:, :W] = torch.where(revealed[..., None], q, rows.q[:, :W])
+    rows.block[:, :W] = block
+    rows.is_masked[:, :W] &= ~revealed
+    rows.revealed_by[:, :W] = torch.where(revealed, rows.forwards, rows.revealed_by[:, :W])
+    revealed_all[:, :W] = revealed
+    return revealed_all
+
+
+def finish_blocks(rows, candidates):
+    """Rows among candidates whose block is complete (no mask left, or a stop token with every
+    slot before it revealed) make it their pending tokens and start the next block."""
+    stop = torch.tensor(rows.settings.stop_ids, dtype=torch.long, device=rows.block.device)
+    prefix_revealed = rows.is_masked.cumsum(dim=1) == 0  # (B, K)
+    complete = (torch.isin(rows.block, stop) & prefix_revealed).any(1) | ~rows.is_masked.any(1)
+    complete = [b for b in candidates if complete[b]]
+    if not complete:
+        return
+    blocks, revealed_by = rows.block[complete].tolist(), rows.revealed_by[complete].tolist()
+    if rows.q is not None:
+        rows.q_pending[complete] = rows.q[complete, 1:]
+    for b, block, by in zip(complete, blocks, revealed_by):
+        block = block[:rows.kb[b]]
+        n_keep = next((i for i, t in enumerate(block) if t in rows.settings.stop_ids), len(block) - 1)
+        rows.pending[b], rows.pending_revealed_by[b] = block[:n_keep + 1], by[:rows.kb[b]]
+        rows.new_block(b)
+
+
+@torch.inference_mode()
+def exact_generate(model, prompt, settings, max_new_tokens, generator=None, record_steps=False):
+    """Exact SBD decoding of a batch: each row's output is NTP decoding's of that row alone.
+
+    prompt (B, T0), rows of equal length; settings.exact need not be set. Every forward feeds, per
+    row, its pending tokens (a verified token and the drafts to check) and its block (k slots to
+    draft, or the block alone in the block's later forwards), padded to the batch's widest. Greedy
+    at temperature 0; sampling needs settings.rule = 'left' (docs/method.md, Exact sampling).
+    Returns (tokens, stats) as sbd_generate, with stats.accepted, rejected, wasted_forwards (forwards
+    whose every reveal was rejected) and final_checks (forwards that only checked) per row.
+    """
+    check_mask_id(model, settings)
+    prompt = check_prompt(model, prompt, max_new_tokens)
+    t0 = time.perf_counter()
+    B, K, mask_id = prompt.size(0), settings.k, settings.mask_id
+    cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * K), B)
+    _, prefill_info = prefill(model, prompt, cache)
+    rows = Rows(prompt, settings, max_new_tokens)
+    if settings.temperature > 0:
+        V = model.config.vocab_size
+        rows.q = torch.zeros(B, K, V, device=prompt.device)
+        rows.q_pending = torch.zeros(B, K - 1, V, device=prompt.device)
+    widths, steps = [], [] if record_steps else None
+    while not all(rows.done):
+        n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
+        # block slots fed: none in a forward that only checks, nor for a 1-slot block being
+        # committed into (its one token comes from the causal logits)
+        fed = [0 if done or n and kb == 1 else kb
+               for done, n, kb in zip(rows.done, n_prev, rows.kb)]
+        P, W = max(n_prev), max(fed)
+        pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
+                                for p, n in zip(rows.pending, n_prev)], dtype=torch.long,
+                               device=prompt.device)
+        if B == 1 and P == 1 and W == 0:  # one token on one row: the plain NTP forward
+            logits, _ = model(pending, cache=cache)
+        else:
+            tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
+            logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
+        for b in range(B):
+            cache.forget(b, P - n_prev[b])  # the padding was committed with the pending tokens
+            rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])
+        widths.append(P + W)
+        active = [b for b in range(B) if not rows.done[b] and rows.kb[b]]  # drafting before checks
+        checks, rejected, first = check_pending(rows, cache, pending, logits[:, :P], n_prev,
+                                                generator)
+        drafting = [b in active and not rows.done[b] and not rejected[b] and fed[b] > 0
+                    for b in range(B)]
+        drafting = torch.tensor(drafting, device=prompt.device)
+        revealed = draft(rows, logits[:, P:], drafting, generator)
+        revealed[:, 0] |= torch.tensor(first, device=prompt.device)
+        rows.forwards += drafting[:, None]
+        if record_steps:
+            steps.append(step_record(rows, revealed, checks, rejected, active))
+        finish_blocks(rows, [b for b in active if not rows.done[b] and not rejected[b]])
+    stats = DecodeStats(tokens=[len(out) for out in rows.out], widths=widths, steps=steps,
+                        wall_time=time.perf_counter() - t0, **rows.stats, **prefill_info)
+    return rows.out, stats
+
+
+def step_record(rows, revealed, checks, rejected, active):
+    """The Step of one forward, for the step view: each row's block after it (empty for a row
+    that only checked or whose new block was dropped), what it revealed, and its Check."""
+    tokens, shown = [], []
+    for b in range(len(rows.out)):
+        kb = rows.kb[b] if b in active and not rejected[b] else 0
+        tokens.append(rows.block[b, :kb].cpu().clone())
+        shown.append(revealed[b, :kb].cpu())
+    return Step(list(rows.block_start), tokens, shown, checks)

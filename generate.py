@@ -1,0 +1,334 @@
+"""
+Decoding through the KV cache: next-token decoding (NTP, the baseline) and Set Block Decoding
+(the paper's Algorithms 2-3; docs/method.md, Inference). Exact SBD, which checks every drafted
+token against NTP, builds on these pieces in exact.py.
+
+Both decoders share one convention, so that their forward counts and timings compare like with
+like: prompt[:-1] is prefilled causally into the KV cache (one forward, counted apart as the
+prefill), and the last prompt token stays "pending": the first decode forward feeds it, as every
+later forward feeds the newest tokens.
+
+    settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)  # sampling.py
+    tokens, stats = sbd_generate(model, prompt, settings, max_new_tokens=64)
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from model import dense_mask
+from sampling import next_token, pick_tokens, reveal_step, suppress_mask
+from sbd import hybrid_mask
+
+
+# -----------------------------------------------------------------------------
+# what a decode returns besides the tokens
+
+
+@dataclass
+class Step:
+    """One SBD forward of record_steps=True: the block after it and what it revealed."""
+
+    block_start: list  # per row: index of its block's first token among its generated tokens
+    tokens: list  # per row: its block after this forward (kb,), mask_id where still masked
+    revealed: list  # per row: (kb,) bool, the positions this forward revealed
+    check: list = None  # exact SBD, per row: this forward's Check of its drafts, or None
+
+
+@dataclass
+class Check:
+    """Exact SBD: what one forward's causal logits said of the drafts it committed (one row)."""
+
+    start: int  # index of the first checked draft among the generated tokens
+    kept: list  # the drafts NTP confirmed
+    rejected: list  # the first wrong draft and every one after it
+    correction: int | None  # NTP's token in place of the first wrong draft (None: all right)
+
+
+@dataclass
+class DecodeStats:
+    """What one decode cost, per batch row. Counts include the stop token: it was generated too."""
+
+    nfe: list  # decode forwards per row: forwards in which the row still had tokens to produce
+    tokens: list  # tokens generated per row, up to and including the first stop token
+    widths: list  # tokens fed per row by each decode forward of the batch (bench.py times them)
+    prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0: 1-token prompt)
+    prefill_time: float  # seconds of the prefill
+    wall_time: float  # seconds of the whole decode, prefill included
+    steps: list = None  # record_steps: one Step per decode forward
+    # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
+    # rejected, and forwards that only checked a row's last block
+    accepted: list = None
+    rejected: list = None
+    wasted_forwards: list = None
+    final_checks: list = None
+
+    @property
+    def tokens_per_forward(self):
+        """Per row: tokens / decode forwards (1.0 for NTP; the NFE speed-up for SBD)."""
+        return [t / max(n, 1) for t, n in zip(self.tokens, self.nfe)]
+
+
+# -----------------------------------------------------------------------------
+# shared steps: checks, prefill, cutting at the stop token
+
+
+def check_prompt(model, prompt, n_slots):
+    """-> prompt as a (B, T0) long tensor on the model's device; n_slots = positions decoding
+    needs past it."""
+    if not torch.is_tensor(prompt):
+        lengths = sorted({len(row) for row in prompt})
+        if len(lengths) > 1:
+            raise ValueError(f"prompts of unequal lengths {lengths}: a batch must share one length "
+                             "(decode them separately, or left-pad them as evaluate.py does)")
+        prompt = torch.tensor(list(prompt), dtype=torch.long)
+    if prompt.dim() == 1:
+        prompt = prompt[None]  # one prompt -> a batch of one
+    if prompt.numel() == 0:
+        raise ValueError("empty prompt: decoding needs at least one token to start from")
+    if n_slots < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {n_slots}")
+    if prompt.size(1) + n_slots > model.max_seq_len:
+        raise ValueError(f"prompt of {prompt.size(1)} tokens + {n_slots} more positions is past the "
+                         f"model's context of {model.max_seq_len}: shorten the prompt or "
+                         "max_new_tokens")
+    return prompt.to(next(model.parameters()).device)
+
+
+def check_mask_id(model, settings):
+    vocab_size = model.config.vocab_size
+    if settings.mask_id is None or not 0 <= settings.mask_id < vocab_size:
+        raise ValueError(f"mask id {settings.mask_id} is outside the model's vocabulary of "
+                         f"{vocab_size} tokens")
+
+
+def prefill(model, prompt, cache):
+    """Write prompt[:-1] into the fresh KV cache with one causal forward.
+
+    Returns (pending (B, 1) = the last prompt token, dict(prefill_forwards, prefill_time)).
+    """
+    t0 = time.perf_counter()
+    if prompt.size(1) > 1:
+        model(prompt[:, :-1], cache=cache)
+    synchronize(prompt.device)
+    info = dict(prefill_forwards=int(prompt.size(1) > 1), prefill_time=time.perf_counter() - t0)
+    return prompt[:, -1:], info
+
+
+def new_cache(model, prompt, n_slots):
+    B, T0 = prompt.shape
+    return model.new_cache(B, T0 + n_slots, prompt.device, dtype=next(model.parameters()).dtype)
+
+
+def synchronize(device):
+    """Wait for the accelerator, so that a wall-clock reading includes the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def finish(out, stop, nfe, widths, prefill_info, t0, steps=None):
+    """Cut each row of out (B, N) after its first stop token -> (token lists, DecodeStats)."""
+    is_stop = torch.isin(out, stop)  # (B, N)
+    first_stop = is_stop.int().argmax(dim=1)  # (B,): index of the first stop token (0 if none)
+    lengths = torch.where(is_stop.any(dim=1), first_stop + 1, out.size(1)).tolist()  # waits
+    tokens = [row[:n] for row, n in zip(out.tolist(), lengths)]
+    stats = DecodeStats(nfe=nfe.tolist(), tokens=lengths, widths=widths, steps=steps,
+                        wall_time=time.perf_counter() - t0, **prefill_info)
+    return tokens, stats
+
+
+# -----------------------------------------------------------------------------
+# next-token decoding: the baseline
+
+
+@torch.inference_mode()
+def ntp_generate(model, prompt, max_new_tokens, stop_ids=(), temperature=0.0, top_k=None,
+                 generator=None, mask_id=None, top_p=None):
+    """Plain next-token decoding through the KV cache: one forward per generated token.
+
+    prompt (B, T0), rows of equal length. After the prefill, each forward feeds the pending tokens
+    (B, 1) and yields the next ones, so NFE = tokens generated. A row is done at its first stop
+    token; the batch stops when every row is done or after max_new_tokens. mask_id (optional) is
+    never emitted. Returns (tokens, stats): tokens[b] = row b's new ids up to its first stop token.
+    """
+    prompt = check_prompt(model, prompt, max_new_tokens)
+    t0 = time.perf_counter()
+    B = prompt.size(0)
+    cache = new_cache(model, prompt, max_new_tokens)
+    pending, prefill_info = prefill(model, prompt, cache)
+    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
+    out, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), 0 * pending[:, 0]
+    while len(out) < max_new_tokens and not done.all():
+        logits, _ = model(pending, cache=cache)  # (B, 1, V)
+        nfe += ~done  # a row's count stops at its stop token
+        logits = suppress_mask(logits, mask_id)
+        pending = pick_tokens(logits, temperature, top_k, generator, top_p)  # (B, 1)
+        out.append(pending)
+        done |= torch.isin(pending[:, 0], stop)
+    out = torch.cat(out, dim=1) if out else prompt[:, :0]
+    return finish(out, stop, nfe, [1] * len(out[0]), prefill_info, t0)
+
+
+# -----------------------------------------------------------------------------
+# set block decoding (Algorithms 2 and 3)
+
+
+def block_forward(model, cache, prev, block):
+    """One SBD forward -> (causal logits of prev (B, n_prev, V), block logits (B, kb, V)).
+
+    Feeds [prev ; block]. prev (B, n_prev) is the pending prompt token or the previous, finished
+    block: it is processed causally and committed to the cache, so its logits are next-token
+    logits, the very ones NTP decoding computes at those positions. The block slots attend to the
+    whole prefix and to each other (hybrid_mask) and are never committed. Position ids are the
+    slot indices: block slot i stands for the token at position n_cached + n_prev + i and predicts
+    the token AT it.
+    """
+    n_cached, n_prev = cache.length, prev.size(1)
+    idx = torch.cat([prev, block], dim=1)  # (B, T), T = n_prev + kb
+    T = idx.size(1)
+    mask = dense_mask(lambda q, kv: hybrid_mask(q, kv, n_cached + n_prev), T, n_cached + T,
+                      query_offset=n_cached, device=idx.device)  # (T, n_cached + T)
+    logits, _ = model(idx, mask=mask, cache=cache, n_commit=n_prev)  # (B, T, V)
+    return logits[:, :n_prev], logits[:, n_prev:]
+
+
+def stop_reached(block, is_masked, stop):
+    """(B,) bool: rows whose block holds a stop token with every position up to it revealed.
+
+    Such a row is finished: what follows its stop token is cut anyway, so waiting for those
+    positions would only waste forwards (the stop token is often revealed first).
+    """
+    prefix_revealed = is_masked.cumsum(dim=1) == 0  # (B, kb): no mask at or before the slot
+    return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
+
+
+def reveal_first(block, is_masked, causal, settings, generator=None):
+    """Slot 0 of a new block gets the token NTP decoding would emit there: the committed prefix's
+    last causal logit predicts exactly that position, and the block's first forward computes it.
+    It costs none of the reveal rule's budget. -> (block, is_masked, revealed (B, kb))."""
+    revealed = torch.zeros_like(is_masked)
+    revealed[:, 0] = is_masked[:, 0]
+    first = next_token(causal[:, -1], settings, generator)  # (B,)
+    block[:, 0] = torch.where(revealed[:, 0], first, block[:, 0])
+    return block, is_masked & ~revealed, revealed
+
+
+def decode_block(model, cache, prev, kb, active, settings, stop, generator=None):
+    """Algorithm 3: fill a block of kb masks for every active row; the first forward commits prev.
+
+    Slot 0 comes from the first forward's causal logits (reveal_first; with
+    settings.first_from_ntp False it is a mask like the others, the paper's way); the reveal rule
+    picks among the other masked slots in that forward and in every later one (which feed the block
+    alone). Forwards run until every active row's block is full or finished: a row is finished
+    (finished[b] True) once its block holds a stop token with every slot before it revealed, and it
+    takes no part in later forwards. Returns block (B, kb), finished (B,) bool, nfe (B,) =
+    forwards in which each row still had masks, and steps = [(block, revealed, width)] per forward.
+    """
+    B = prev.size(0)
+    block = prev.new_full((B, kb), settings.mask_id)  # (B, kb)
+    is_masked = active[:, None].expand(B, kb).clone()  # rows already done take no part
+    finished, nfe, steps = torch.zeros_like(active), torch.zeros_like(prev[:, 0]), []
+    while is_masked.any():
+        causal, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, kb, V)
+        nfe += is_masked.any(dim=1)
+        width = prev.size(1) + kb
+        revealed = torch.zeros_like(is_masked)
+        if prev.size(1):  # the first forward of the block: its causal logits give slot 0 exactly
+            if settings.first_from_ntp:
+                block, is_masked, revealed = reveal_first(block, is_masked, causal, settings,
+                                                          generator)
+            prev = prev[:, :0]  # committed: later forwards of this block feed the block alone
+        block, by_rule = reveal_step(logits, block, is_masked, settings, generator)
+        revealed |= by_rule
+        is_masked &= ~by_rule
+        finished |= stop_reached(block, is_masked, stop)
+        is_masked &= ~finished[:, None]
+        steps.append((block, revealed, width))
+    return block, finished, nfe, steps
+
+
+@torch.inference_mode()
+def sbd_generate(model, prompt, settings, max_new_tokens, generator=None, record_steps=False):
+    """Set Block Decoding through the KV cache (Algorithms 2 and 3 of the paper).
+
+    prompt (B, T0), rows of equal length. Blocks of settings.k tokens (the last one shorter if
+    max_new_tokens says so) start as masks; each forward predicts every masked position and the
+    reveal rule reveals some of them (decode_block). The first forward of a block feeds
+    [previous block ; block] and commits the previous block causally, later ones feed the block
+    alone; nothing of a block's bidirectional forwards is ever cached. Rows reveal independently:
+    a row's greedy result is the same as decoding it alone (sampled rows draw from one random
+    stream). A row is done once it has revealed a stop token and everything before it.
+    Returns (tokens, stats): tokens[b] = row b's new ids up to and including its first stop token.
+    """
+    check_mask_id(model, settings)
+    prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut: no slack of k
+    t0 = time.perf_counter()
+    B = prompt.size(0)
+    cache = new_cache(model, prompt, max_new_tokens)
+    prev, prefill_info = prefill(model, prompt, cache)
+    stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
+    done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
+    blocks, nfe, widths, n_out = [], 0 * prev[:, 0], [], 0
+    steps = [] if record_steps else None
+    while n_out < max_new_tokens and not done.all():
+        kb = min(settings.k, max_new_tokens - n_out)
+        block, finished, block_nfe, block_steps = decode_block(model, cache, prev, kb, ~done,
+                                                               settings, stop, generator)
+        widths += [width for _, _, width in block_steps]
+        if record_steps:
+            steps += [Step([n_out] * B, tokens.cpu(), revealed.cpu()) for tokens, revealed, _ in block_steps]
+        blocks.append(block)
+        prev, done, nfe, n_out = block, done | finished, nfe + block_nfe, n_out + kb
+    out = torch.cat(blocks, dim=1) if blocks else prompt[:, :0]
+    return finish(out, stop, nfe, widths, prefill_info, t0, steps)
+
+
+# -----------------------------------------------------------------------------
+# the step view: the paper's Figure 2b in a terminal
+
+
+def format_steps(steps, decode, mask_id, prompt=None, row=0):
+    """One row's block after each of its forwards, as text.
+
+    Tokens revealed by that forward are shown [x], still-masked positions _, earlier reveals
+    plainly. Exact SBD adds what each committing forward's check found: drafts it rejected are
+    shown ~struck~ and NTP's token that replaced the first of them {in braces}.
+    steps: stats.steps of a decode with record_steps=True; decode: ids -> text.
+    """
+    lines = [f"prompt {prompt!r}"] if prompt is not None else []
+    checks = [None if s.check is None else s.check[row] for s in steps]
+    taken = [(s, c) for s, c in zip(steps, checks) if s.revealed[row].any() or c is not None]
+    for i, (step, check) in enumerate(taken):  # the forwards this row took part in
+        cells = [format_cell(decode, t, new, mask_id)
+                 for t, new in zip(step.tokens[row].tolist(), step.revealed[row].tolist())]
+        start = step.block_start[row]
+        text = f"tokens {start:3d}-{start + len(cells) - 1:<3d}  {''.join(cells)}" if cells else ""
+        lines.append(f"forward {i + 1:3d}  {text}{format_check(check, decode)}".rstrip())
+    return "\n".join(lines)
+
+
+def format_cell(decode, token, newly_revealed, mask_id):
+    """One block position: '_' masked, '[x]' revealed by this forward, 'x' revealed before."""
+    if token == mask_id:  # revealed tokens are never the mask token (suppress_mask)
+        return "_"
+    text = printable(decode([token]))
+    return f"[{text}]" if newly_revealed else text
+
+
+def format_check(check, decode):
+    """Exact SBD: what a forward's causal logits said of the drafts it committed ('' for none)."""
+    if check is None or not (check.kept or check.rejected):
+        return ""
+    end = check.start + len(check.kept) + len(check.rejected) - 1
+    where = f"checks tokens {check.start}-{end}: "
+    if check.correction is None:
+        return f"   {where}all {len(check.kept)} drafts right"
+    kept, rejected = printable(decode(check.kept)), printable(decode(check.rejected))
+    return f"   {where}{kept}{{{printable(decode([check.correction]))}}}~{rejected}~"
+
+
+def printable(text):
+    return text.replace("\n", "\\n")  # keep one line per forward

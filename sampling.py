@@ -1,0 +1,215 @@
+"""
+How one SBD forward's logits become tokens: the decoding settings, the reveal rules that decide
+which masked positions a forward reveals (docs/method.md, Reveal rules), and the token choice
+(argmax, or a draw with temperature, top-k and top-p).
+
+    settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)
+    block, revealed = reveal_step(logits, block, is_masked, settings)
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from configurator import ConfigError
+
+
+@dataclass
+class DecodeSettings:
+    """How SBD decodes, in one record. settings.settings_for builds it from a checkpoint and its
+    calibration, the same way for sample.py, bench.py and evaluate.py."""
+
+    mask_id: int  # the mask token: an input only, never emitted
+    stop_ids: tuple = ()  # a row ends at its first stop token, which it keeps
+    k: int = 16  # block size
+    gamma: float = 0.1  # threshold of the reveal rule: γ of the EB-Sampler, f of the factor rule
+    rule: str = "entropy"  # a key of REVEAL_RULES
+    exact: bool = False  # exact SBD (exact.py): drafts checked by NTP, the output is NTP's
+    adaptive: bool = False  # exact SBD: each row's block size follows its accepted drafts
+    first_from_ntp: bool = True  # a block's slot 0 from the causal logits (False: no NTP term)
+    temperature: float = 0.0  # 0: argmax (the paper's setting); > 0: sample
+    top_k: int | None = None  # sample among the top_k most likely tokens only
+    top_p: float | None = None  # sample among the smallest set holding probability top_p
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise ConfigError(f"block size k must be at least 1, got {self.k}")
+        if self.gamma < 0:
+            raise ConfigError(f"gamma must be >= 0 (0 reveals one token per forward), got {self.gamma}")
+        if self.rule not in REVEAL_RULES:
+            raise ConfigError(f"unknown reveal rule {self.rule!r}; choose one of {sorted(REVEAL_RULES)}")
+        if self.mask_id in self.stop_ids:
+            raise ConfigError(f"mask id {self.mask_id} cannot also be a stop token")
+        if self.temperature < 0 or self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"need temperature >= 0 and top_k >= 1, got {self.temperature}, {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.exact and self.temperature > 0 and self.rule != "left":
+            raise ConfigError("exact sampling (temperature > 0) needs drafts revealed left to right: "
+                             "rule='left' (docs/method.md, Exact sampling)")
+        self.stop_ids = tuple(self.stop_ids)
+
+    def replace(self, **changes):
+        """A copy with some fields changed (and checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+# -----------------------------------------------------------------------------
+# reveal rules: (B, k, V) probabilities + (B, k) is_masked -> (B, k) reveal, a subset of is_masked
+# with at least one position per row that has any mask. Vectorised over the batch: a per-row
+# Python loop in the sampler costs more than the forwards it saves (docs/findings.md).
+
+
+def entropy(probs):
+    """Entropy of each position's distribution, (B, k, V) -> (B, k); 0 * log 0 counts as 0."""
+    return torch.special.entr(probs).sum(-1)
+
+
+def sort_masked(key, is_masked):
+    """Sort each row's masked positions by key ascending; ties keep the lower position first.
+
+    Returns order (B, k), the block positions in that order with the unmasked ones last, and
+    masked_sorted (B, k) bool, True where the sorted slot holds a masked position.
+    """
+    key = torch.where(is_masked, key, float("inf"))  # unmasked positions sort last
+    order = torch.sort(key, dim=1, stable=True).indices  # (B, k)
+    return order, is_masked.gather(1, order)
+
+
+def unsort(accept_sorted, order):
+    """Scatter a decision made in sorted order (B, k) back to block positions (B, k)."""
+    return torch.zeros_like(accept_sorted).scatter(1, order, accept_sorted)
+
+
+def entropy_bound(h_sorted, masked_sorted, gamma):
+    """Eq. 8 on entropies already in reveal order: accept the s-th iff H_(1) + ... + H_(s-1) <= γ.
+
+    Entropies are >= 0, so the running sum only grows and the accepted slots are a prefix of the
+    order; the first masked slot always passes (empty sum 0 <= γ), so every row with a mask
+    reveals at least one.
+    """
+    h = torch.where(masked_sorted, h_sorted, 0.0)  # (B, k)
+    before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): entropy ahead of each slot
+    return masked_sorted & (before <= gamma)
+
+
+def reveal_entropy(probs, is_masked, gamma):
+    """EB-Sampler with the entropy proxy (Ben-Hamu et al. 2025, Eq. 8), the SBD paper's default.
+
+    Rule: sort the masked positions by entropy, lowest first (ties: lower position first). Reveal
+    the s lowest, s >= 1 the largest count with H_(1) + ... + H_(s-1) <= γ, i.e. the revealed
+    entropies minus the largest of them stay within the budget γ. γ = 0 reveals one token per
+    forward (more only where the model is exactly certain); a huge γ reveals every masked position.
+    """
+    h = entropy(probs)  # (B, k)
+    order, masked_sorted = sort_masked(h, is_masked)
+    return unsort(entropy_bound(h.gather(1, order), masked_sorted, gamma), order)
+
+
+def reveal_confidence(probs, is_masked, gamma):
+    """EB-Sampler with the confidence proxy (Ben-Hamu et al. 2025, Eq. 18).
+
+    Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower
+    position first), then apply the same entropy bound to the entropies in that order: reveal the
+    first s, s >= 1 the largest count with H_(1) + ... + H_(s-1) <= γ.
+    """
+    order, masked_sorted = sort_masked(-probs.amax(-1), is_masked)
+    return unsort(entropy_bound(entropy(probs).gather(1, order), masked_sorted, gamma), order)
+
+
+def reveal_left(probs, is_masked, gamma):
+    """The entropy bound with the masked positions taken left to right instead of by entropy.
+
+    Rule: reveal the s leftmost masked positions, s >= 1 the largest count with
+    H_(1) + ... + H_(s-1) <= γ in position order. Exact sampling needs it: each draft must be
+    drawn knowing only drafts to its left (docs/method.md, Exact sampling).
+    """
+    order, masked_sorted = sort_masked(torch.zeros_like(probs[..., 0]), is_masked)
+    return unsort(entropy_bound(entropy(probs).gather(1, order), masked_sorted, gamma), order)
+
+
+def reveal_factor(probs, is_masked, f):
+    """Fast-dLLM's factor rule (Wu et al. 2025, arXiv:2505.22618; SBD paper appendix B.1).
+
+    Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower
+    position first); reveal the first n, n the largest count with (n + 1) * (1 - c_(n)) < f, and at
+    least one. c_(n) falls and n + 1 grows along the order, so the accepted positions are a prefix.
+    """
+    conf = probs.amax(-1)  # (B, k)
+    order, masked_sorted = sort_masked(-conf, is_masked)
+    n = torch.arange(1, conf.size(1) + 1, device=conf.device)  # (k,): 1-based rank in the order
+    passes = ((n + 1) * (1 - conf.gather(1, order)) < f) | (n == 1)  # (B, k)
+    return unsort(masked_sorted & passes, order)
+
+
+REVEAL_RULES = {"entropy": reveal_entropy, "confidence": reveal_confidence, "left": reveal_left,
+                "factor": reveal_factor}
+
+# -----------------------------------------------------------------------------
+# token choice
+
+
+def suppress_mask(logits, mask_id):
+    """The mask token is an input, never an output: its logit becomes -inf before anything else."""
+    if mask_id is None:
+        return logits
+    logits = logits.clone()
+    logits[..., mask_id] = float("-inf")
+    return logits
+
+
+def filter_logits(logits, temperature, top_k=None, top_p=None):
+    """(..., V) logits -> the logits of the distribution sampling draws from (temperature > 0).
+
+    Divided by the temperature, then restricted to the top_k most likely tokens and to the smallest
+    set whose probability reaches top_p (others -inf). NTP, the drafts and the exact mode's
+    acceptance rule all use this one function, so p and q are filtered alike.
+    """
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = F.softmax(sorted_logits, dim=-1)
+        drop_sorted = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reached p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back in place
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample(probs, generator=None):
+    """(..., V) probabilities -> (...) one token drawn from each distribution."""
+    flat = probs.reshape(-1, probs.size(-1))  # (N, V)
+    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+
+
+def pick_tokens(logits, temperature=0.0, top_k=None, generator=None, top_p=None):
+    """(..., V) logits -> (...) token ids: argmax at temperature 0 (greedy, the paper's setting),
+    else a draw from softmax(filter_logits(...))."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return sample(F.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1), generator)
+
+
+def next_token(causal_logits, settings, generator=None):
+    """(B, V) next-token logits -> (B,) the token NTP decoding would emit there."""
+    logits = suppress_mask(causal_logits, settings.mask_id)
+    s = settings
+    return pick_tokens(logits, s.temperature, s.top_k, generator, s.top_p)
+
+
+def reveal_step(logits, block, is_masked, settings, generator=None):
+    """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool).
+
+    Tokens are chosen from the logits with the mask token removed; which of them to reveal is
+    decided on the temperature-1 model distribution, whatever the sampling temperature.
+    """
+    s = settings
+    logits = suppress_mask(logits, s.mask_id)
+    tokens = pick_tokens(logits, s.temperature, s.top_k, generator, s.top_p)  # (B, k)
+    probs = F.softmax(logits.float(), dim=-1)  # (B, k, V)
+    revealed = REVEAL_RULES[s.rule](probs, is_masked, s.gamma)  # (B, k)
+    return torch.where(revealed, tokens, block), revealed
