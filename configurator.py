@@ -5,9 +5,9 @@ A script defines its settings as module-level globals, then calls
 
     config = configure(globals(), sys.argv[1:])
 
-Each argument is either a config file (config/sbd_small.py, plain Python assignments) or --key=value.
-Both override the globals in order. Unlike nanoGPT's configurator:
-- an unknown key (in a file or on the command line) is an error naming the key and the closest known one;
+Each argument is either a config file (config/sbd_small.py, plain Python assignments) or
+--key=value. Both override the globals in order. Unlike nanoGPT's configurator:
+- an unknown key (in a file or on the command line) is an error naming it and the closest known one;
 - a value must keep its setting's type, except that an int may stand for a float and a None default
   takes anything;
 - the resolved configuration is printed and returned, so the script can save it in its checkpoints.
@@ -54,8 +54,8 @@ def pick_device(name=""):
 
 
 def config_keys(script_globals):
-    """The settings of a script: its public module-level globals of a plain type. UPPER_CASE names are
-    constants of the module (e.g. evaluate.GAMMA_GRID), not settings."""
+    """The settings of a script: its public module-level globals of a plain type. UPPER_CASE names
+    are constants of the module (e.g. evaluate.GAMMA_GRID), not settings."""
     return [k for k, v in script_globals.items() if not k.startswith("_") and not k.isupper()
             and isinstance(v, CONFIG_TYPES) and not isinstance(v, types.ModuleType)]
 
@@ -65,7 +65,8 @@ def check_value(key, value, known, where):
     if key not in known:
         close = difflib.get_close_matches(key, list(known), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown config key {key!r} in {where}{hint} (known keys: {', '.join(sorted(known))})")
+        raise ConfigError(f"unknown config key {key!r} in {where}{hint} "
+                          f"(known keys: {', '.join(sorted(known))})")
     default = known[key]
     if default is None or type(value) is type(default):
         return value
@@ -78,7 +79,7 @@ def check_value(key, value, known, where):
 
 
 def parse_value(text):
-    """'3e-4' -> 3e-4, 'True' -> True, '(2, 16)' -> (2, 16); anything that is not a literal stays a string."""
+    """'3e-4' -> 3e-4, 'True' -> True, '(2, 16)' -> (2, 16); anything else stays a string."""
     try:
         return ast.literal_eval(text)
     except (SyntaxError, ValueError):

@@ -4,11 +4,11 @@ GPT-2 and Llama 3 in one file, with the three things Set Block Decoding needs fr
 1. explicit position ids, because SBD feeds the same positions twice (clean half and noisy half);
 2. an arbitrary boolean attention mask (True = may attend), because SBD mixes a causal prefix with
    bidirectional blocks; masks are pure functions of (query slot, key slot), see causal_mask below;
-3. an exact KV cache that can run a block of queries on top of the cache *without* writing it, and can
-   commit the previous block causally and run the new block in the same forward
+3. an exact KV cache that can run a block of queries on top of the cache *without* writing it, and
+   can commit the previous block causally and run the new block in the same forward
    (docs/method.md, Inference).
 
-With none of the optional arguments, forward() is the ordinary causal training path (is_causal=True).
+With no optional arguments, forward() is the ordinary causal training path (is_causal=True).
 Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's names for Llama.
 """
 
@@ -37,10 +37,8 @@ def causal_mask(q, k):
 
 
 def dense_mask(mask_fn, n_queries, n_keys, query_offset=0, device=None):
-    """Materialise mask_fn as a (n_queries, n_keys) bool matrix; query i sits at slot query_offset + i.
-
-    With a KV cache of length L and T new tokens, query_offset = L and n_keys = L + T.
-    """
+    """Materialise mask_fn as a (n_queries, n_keys) bool matrix; query i is slot query_offset + i
+    (with a KV cache of length L and T new tokens, query_offset = L and n_keys = L + T)."""
     q = torch.arange(query_offset, query_offset + n_queries, device=device)
     k = torch.arange(n_keys, device=device)
     return mask_fn(q[:, None], k[None, :])  # (n_queries, n_keys)
@@ -49,9 +47,9 @@ def dense_mask(mask_fn, n_queries, n_keys, query_offset=0, device=None):
 def block_mask(mask_fn, batch_size, n_queries, n_keys, device=None):
     """The same mask as a flex_attention BlockMask, for long training sequences on a GPU.
 
-    mask_fn(b, q, k) sees the batch row too (e.g. a per-row block phase). A dense (B, T, S) bool mask keeps
-    SDPA off its flash kernel (it needs the mask materialised, often as a float bias); flex_attention
-    evaluates the same pure function per tile and skips the tiles that are fully masked (about half here).
+    mask_fn(b, q, k) also sees the batch row (e.g. a per-row block phase). A dense (B, T, S) bool
+    mask keeps SDPA off its flash kernel (it must be materialised, often as a float bias);
+    flex_attention evaluates the same function per tile and skips fully masked ones (about half).
     """
     return create_block_mask(lambda b, h, q, k: mask_fn(b, q, k), B=batch_size, H=None,
                              Q_LEN=n_queries, KV_LEN=n_keys, device=device)
@@ -64,15 +62,15 @@ def block_mask(mask_fn, batch_size, n_queries, n_keys, device=None):
 class KVCache:
     """Keys and values of the tokens processed causally so far, for every layer.
 
-    Layout: self.k[layer] and self.v[layer] are preallocated (B, n_kv_head, max_len, head_dim) buffers.
-    Slots [0, self.length) hold the committed tokens (prompt + committed blocks); they are exactly what
-    plain causal decoding would have cached. Slots from self.length on are scratch space.
+    Layout: self.k[layer], self.v[layer] are preallocated (B, n_kv_head, max_len, head_dim) buffers.
+    Slots [0, self.length) hold the committed tokens (prompt + committed blocks), exactly what plain
+    causal decoding would have cached. Slots from self.length on are scratch space.
 
-    A forward of T new tokens writes all T of them to slots [length, length + T) and attends over a view of
-    the buffer, but only the FIRST n_commit (those processed causally) are committed: forward() advances
-    self.length by n_commit. The other T - n_commit (an SBD block attending bidirectionally) stay in scratch
-    slots past the length, where the next forward overwrites them: nothing of a bidirectional forward is ever
-    kept, and no forward copies the cache. So the buffer needs room for the block too: max_len >= length + T.
+    A forward of T new tokens writes all T to slots [length, length + T) and attends over a view of
+    the buffer, but only the FIRST n_commit (processed causally) are committed: forward() advances
+    self.length by n_commit. The other T - n_commit (an SBD block, bidirectional) stay in scratch
+    slots, where the next forward overwrites them: nothing of a bidirectional forward is ever kept,
+    and no forward copies the cache. So the buffer needs room for the block: max_len >= length + T.
     """
 
     def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, device, dtype):
@@ -83,10 +81,8 @@ class KVCache:
         self.length = 0
 
     def extend(self, layer, k_new, v_new, n_commit):
-        """Write the T new keys/values after the committed ones; return keys/values of [cache ; new tokens].
-
-        Only the first n_commit of them will count as cached (forward() moves self.length once all layers ran).
-        """
+        """Write T new keys/values after the committed ones; return those of [cache ; new tokens].
+        Only the first n_commit become cached (forward() advances self.length after all layers)."""
         L, T = self.length, k_new.size(2)  # k_new: (B, n_kv_head, T, head_dim)
         if not 0 <= n_commit <= T:
             raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got {n_commit}")
@@ -94,14 +90,14 @@ class KVCache:
             raise ValueError(f"KV cache full: {L} cached + {T} new tokens > max_len {self.max_len}")
         self.k[layer][:, :, L:L + T] = k_new
         self.v[layer][:, :, L:L + T] = v_new
-        return self.k[layer][:, :, :L + T], self.v[layer][:, :, :L + T]  # (B, n_kv_head, L + T, head_dim) views
+        return self.k[layer][:, :, :L + T], self.v[layer][:, :, :L + T]  # (B, nkv, L + T, hd) views
 
     def commit(self, n):
         """The first n tokens of the forward that just ran are now cached (forward() calls this)."""
         self.length += n
 
     def truncate(self, length):
-        """Forget every cached token from slot `length` on (exact SBD decoding: a rejected draft was committed)."""
+        """Drop cached tokens from slot `length` on (exact decoding rejected a cached draft)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
         self.length = length
@@ -109,7 +105,7 @@ class KVCache:
 
 @functools.cache
 def compiled_flex_attention():
-    """flex_attention runs eagerly on a CPU (forward only, slowly: the tests); on a GPU it must be compiled.
+    """flex_attention runs eagerly on a CPU (forward only, slowly: tests); a GPU needs it compiled.
     Made on first use, because merely wrapping it in torch.compile costs seconds at import."""
     return torch.compile(flex_attention, dynamic=False)
 
@@ -117,14 +113,14 @@ def compiled_flex_attention():
 def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
     """Scaled dot-product attention over [cache ; new tokens] with an optional mask.
 
-    q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), bool (True = may attend)
-    or its additive bias (attention_bias), or a flex_attention BlockMask of the same mask (block_mask above;
-    training only, no cache, no dropout).
-    With n_kv_head < n_head (grouped-query attention) each K/V head serves n_head // n_kv_head query heads.
+    q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), bool
+    (True = may attend) or its additive bias (attention_bias), or a flex_attention BlockMask of the
+    same mask (block_mask above; training only, no cache, no dropout).
+    With n_kv_head < n_head (grouped-query attention) a K/V head serves n_head // n_kv_head heads.
     """
     if isinstance(mask, BlockMask):
         flex = compiled_flex_attention() if q.is_cuda else flex_attention
-        return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, n_head, T, hd)
+        return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, nh, T, hd)
     if cache is not None:
         k, v = cache.extend(layer, k, v, n_commit)  # (B, n_kv_head, S, hd), S = cache.length + T
     if mask is not None and mask.dim() == 3:
@@ -135,15 +131,16 @@ def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
 
 
 def attention_bias(mask, dtype):
-    """A bool mask (True = may attend) -> the additive bias SDPA turns it into: 0 where allowed, -inf elsewhere.
+    """A bool mask (True = may attend) -> the additive bias SDPA makes of it: 0 if allowed, or -inf.
 
-    SDPA converts a bool mask itself, but in every layer (~3 us each on a CPU, and a (B, T, S) tensor each for a
-    dense training mask); converted once per forward, all layers share it, with the same scores to the bit.
-    None, a bias already and a flex_attention BlockMask pass through.
+    SDPA converts a bool mask itself, but in every layer (~3 us each on a CPU, and a (B, T, S)
+    tensor each for a dense training mask); converted once per forward, all layers share it, with
+    the same scores to the bit. None, a bias already and a flex_attention BlockMask pass through.
     """
     if not torch.is_tensor(mask) or mask.dtype != torch.bool:
         return mask
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~mask, float("-inf"))
 
 
 def default_mask(T, cache, device):
@@ -170,7 +167,7 @@ class GPTConfig:
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
-    dropout: float = 0.0  # 0 for pretraining-size data is fine; try 0.1+ when fine-tuning small data
+    dropout: float = 0.0  # 0 for pretraining is fine; try 0.1+ when fine-tuning on small data
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit better and faster
 
 
@@ -182,9 +179,9 @@ GPT_PRESETS = {
 
 
 def dropout_layer(p):
-    """nn.Dropout(p), or an nn.Identity at p = 0: an nn.Dropout that drops nothing still costs ~4 us a call on a CPU
-    (Identity ~0.6 us), and the GPT calls 2 per layer + 1 in every forward: ~8% of a 1-token decode forward of the
-    demo model. No state either way, so checkpoints load the same."""
+    """nn.Dropout(p), or nn.Identity at p = 0: a Dropout that drops nothing still costs ~4 us a call
+    on a CPU (Identity ~0.6 us), and the GPT calls 2 per layer + 1 per forward: ~8% of the demo
+    model's 1-token decode forward. No state either way, so checkpoints load the same."""
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
@@ -192,15 +189,16 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         assert config.n_embd % config.n_head == 0
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = dropout_layer(config.dropout)
         self.n_head, self.dropout = config.n_head, config.dropout
 
     def forward(self, x, layer, mask, cache, n_commit):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).chunk(3, dim=2)  # each (B, T, C); not split(): its Python wrapper costs ~2 us
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        q, k, v = self.c_attn(x).chunk(3, dim=2)  # each (B, T, C); split() costs ~2 us more
+        nh, hs = self.n_head, C // self.n_head
+        q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         y = attention(q, k, v, layer, mask, cache, n_commit, dropout_p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
@@ -246,7 +244,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings, as GPT-2
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # GPT-2 paper: scale residual projections by 1/sqrt(2 * n_layer)
+        for name, p in self.named_parameters():  # GPT-2 paper: scaled residual projections
             if name.endswith("c_proj.weight"):
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
@@ -271,7 +269,8 @@ class GPT(nn.Module):
         """
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(x)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         for layer, block in enumerate(self.transformer.h):
             x = block(x, layer, mask, cache, n_commit)
@@ -282,7 +281,8 @@ class GPT(nn.Module):
 
     def new_cache(self, batch_size, max_len, device, dtype=torch.float32):
         c = self.config
-        return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head, max_len, device, dtype)
+        return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head,
+                       max_len, device, dtype)
 
 
 def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
@@ -313,7 +313,7 @@ class LlamaConfig:
     dim: int = 4096
     n_layers: int = 32
     n_heads: int = 32
-    n_kv_heads: int = 8  # grouped-query attention: each K/V head serves n_heads // n_kv_heads query heads
+    n_kv_heads: int = 8  # grouped-query attention: n_heads // n_kv_heads query heads per K/V head
     vocab_size: int = 128256
     multiple_of: int = 1024  # the FFN hidden size is rounded up to a multiple of this
     ffn_dim_multiplier: float = 1.3
@@ -325,8 +325,8 @@ class LlamaConfig:
     rope_high_freq_factor: float = 4.0
     rope_original_context: int = 8192
     max_seq_len: int = 131072  # longest position the model was trained for
-    ffn_hidden_size: int = None  # the FFN width when a checkpoint states it (HF's intermediate_size)
-    tie_word_embeddings: bool = False  # True for Llama 3.2 1B/3B: the output head IS the embedding matrix
+    ffn_hidden_size: int = None  # the FFN width if a checkpoint states it (HF's intermediate_size)
+    tie_word_embeddings: bool = False  # Llama 3.2 1B/3B: the output head IS the embedding matrix
 
     @property
     def head_dim(self):
@@ -336,7 +336,7 @@ class LlamaConfig:
     def ffn_hidden(self):
         if self.ffn_hidden_size is not None:
             return self.ffn_hidden_size
-        hidden = int(2 * 4 * self.dim / 3)  # SwiGLU has 3 matrices, so 2/3 of 4*dim keeps the parameter count
+        hidden = int(2 * 4 * self.dim / 3)  # SwiGLU, 3 matrices: 2/3 of 4*dim keeps the param count
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
@@ -344,19 +344,20 @@ class LlamaConfig:
 
 LLAMA_PRESETS = {
     "llama3.1-8b": dict(),  # the defaults above are Llama-3.1-8B's params.json
-    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,  # FFN 8192
-                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),  # 1,235,814,400
-    "llama3.2-3b": dict(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim_multiplier=1.0,  # FFN 8192
-                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),  # 3,212,749,824
+    # Llama 3.2: FFN 8192 in both; 1,235,814,400 (1B) and 3,212,749,824 (3B) parameters
+    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,
+                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),
+    "llama3.2-3b": dict(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim_multiplier=1.0,
+                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),
     "llama-tiny": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, multiple_of=32,
-                       ffn_dim_multiplier=1.3, rope_original_context=64, max_seq_len=512),  # for tests
+                       ffn_dim_multiplier=1.3, rope_original_context=64, max_seq_len=512),  # tests
 }
 
 
 def rope_frequencies(config):
-    """Inverse frequencies (head_dim // 2,) of the rotary embedding, with Llama 3.1's scaling if enabled.
+    """Rotary inverse frequencies (head_dim // 2,), with Llama 3.1's scaling if enabled.
 
-    Llama 3.1 keeps high frequencies (short wavelengths), divides low frequencies by scale_factor (so they
+    Llama 3.1 keeps high frequencies (short wavelengths), divides low ones by scale_factor (so they
     stretch over a longer context) and interpolates smoothly in between.
     """
     hd = config.head_dim
@@ -368,7 +369,8 @@ def rope_frequencies(config):
     wavelen = 2 * math.pi / freqs
     smooth = (old_ctx / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * freqs / scale + smooth * freqs
-    scaled = torch.where(wavelen < old_ctx / high, freqs, torch.where(wavelen > old_ctx / low, freqs / scale, smoothed))
+    scaled = torch.where(wavelen < old_ctx / high, freqs,
+                         torch.where(wavelen > old_ctx / low, freqs / scale, smoothed))
     return scaled.float()
 
 
@@ -381,9 +383,9 @@ def rotary_cos_sin(pos, inv_freq):
 def apply_rotary(x, cos, sin):
     """Rotate x (B, n_heads, T, hd) by the position angles.
 
-    Convention: Meta's interleaved pairs. Pair i of a head is (x[2i], x[2i+1]), rotated by angle pos * freq_i.
-    HF checkpoints use rotate_half pairs (x[i], x[i + hd/2]); their q/k weights are permuted into this
-    convention by the HF loader, so this function is the only rotary code in the project.
+    Convention: Meta's interleaved pairs. Pair i of a head, (x[2i], x[2i+1]), turns by pos * freq_i.
+    HF checkpoints use rotate_half pairs (x[i], x[i + hd/2]); the HF loader permutes their q/k
+    weights into this convention, so this function is the only rotary code in the project.
     """
     if cos.dim() == 3:  # per-row positions (B, T, hd/2) -> broadcast over heads
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, hd/2)
@@ -408,7 +410,8 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
+        self.head_dim = config.head_dim
         self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
         self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
@@ -417,16 +420,15 @@ class LlamaAttention(nn.Module):
     def forward(self, x, cos, sin, layer, mask, cache, n_commit):
         """x (B, T, dim) -> (B, T, dim): attention with grouped-query attention.
 
-        q gets n_heads heads, k and v only n_kv_heads heads of head_dim each. q and k are rotated with
-        apply_rotary (so the cache holds rotated keys); k and v stay at n_kv_heads heads into attention(), which
-        lets each K/V head serve n_heads // n_kv_heads query heads and keeps the cache that small; wo projects
-        the heads back.
+        q gets n_heads heads, k and v n_kv_heads, of head_dim each; q and k are rotated (the cache
+        holds rotated keys). k and v enter attention() with n_kv_heads heads: each serves
+        n_heads // n_kv_heads query heads, and the cache stays that small. wo maps heads back.
         """
         B, T, C = x.size()
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, hd)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # keys are cached already rotated
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # keys are cached rotated
         y = attention(q, k, v, layer, mask, cache, n_commit, dropout_p=0.0)  # (B, nh, T, hd)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
 
@@ -456,7 +458,7 @@ class LlamaBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    activation_checkpointing = False  # train.py's switch: recompute each block's activations in backward
+    activation_checkpointing = False  # train.py's switch: recompute block activations in backward
 
     def __init__(self, config):
         super().__init__()
@@ -467,7 +469,7 @@ class Llama(nn.Module):
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.tie_weights()
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (hd/2,)
-        if self.tok_embeddings.weight.device.type != "meta":  # a checkpoint overwrites everything anyway
+        if self.tok_embeddings.weight.device.type != "meta":  # a checkpoint overwrites it all
             self.apply(self._init_weights)
 
     def _init_weights(self, module):
@@ -475,27 +477,27 @@ class Llama(nn.Module):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def tie_weights(self):
-        """With config.tie_word_embeddings (Llama 3.2 1B/3B) the output head is the embedding matrix itself: one
-        Parameter under two names, as GPT-2's, so it has one gradient and one AdamW state. Untied: nothing to do."""
+        """With config.tie_word_embeddings (Llama 3.2 1B/3B) the output head is the embedding
+        matrix: one Parameter under two names, as GPT-2's: one gradient, one AdamW state."""
         if self.config.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
-        """nn.Module's, keeping a tie: the two names must hold the same matrix, and stay one Parameter afterwards
-        (assign=True, how a checkpoint reaches a model built on the meta device, would make them two)."""
+        """nn.Module's, keeping a tie: both names must hold the same matrix and stay one Parameter
+        (assign=True, how a checkpoint reaches a model built on meta, would make them two)."""
         emb, out = state_dict.get("tok_embeddings.weight"), state_dict.get("output.weight")
-        if self.config.tie_word_embeddings and emb is not None and out is not None and out is not emb:
-            if not torch.equal(out, emb):
-                raise ValueError("tied embeddings (tie_word_embeddings=True), but the state dict's output.weight "
-                                 "differs from its tok_embeddings.weight")
+        tied = self.config.tie_word_embeddings and emb is not None and out is not None
+        if tied and out is not emb and not torch.equal(out, emb):
+            raise ValueError("tied embeddings (tie_word_embeddings=True), but the state dict's "
+                             "output.weight differs from its tok_embeddings.weight")
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self.tie_weights()
         return result
 
     def _apply(self, fn, recurse=True):
-        """model.to(torch.bfloat16) casts floating buffers too, and bf16 rotary frequencies would turn a token at
-        position 8000 by whole radians: after any .to() / .cuda() / .to_empty(), recompute them in fp32.
-        A conversion may also hand each module a new Parameter, which would untie a tied head: tie it again."""
+        """model.to(torch.bfloat16) casts float buffers too, and bf16 rotary frequencies would turn
+        position 8000 by whole radians: after any .to() / .cuda() / .to_empty(), redo them in fp32.
+        A conversion may also give modules new Parameters, untying a tied head: tie it again."""
         super()._apply(fn, recurse)
         self.tie_weights()
         self.inv_freq = rope_frequencies(self.config).to(self.inv_freq.device)
@@ -514,8 +516,9 @@ class Llama(nn.Module):
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         for layer, block in enumerate(self.layers):
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                # keep only each block's input; its activations are recomputed in backward (memory for compute)
-                x = checkpoint(block, x, cos, sin, layer, mask, cache, n_commit, use_reentrant=False)
+                # keep only each block's input; backward recomputes the rest (memory for compute)
+                x = checkpoint(block, x, cos, sin, layer, mask, cache, n_commit,
+                               use_reentrant=False)
             else:
                 x = block(x, cos, sin, layer, mask, cache, n_commit)
         logits = self.output(self.norm(x))  # (B, T, vocab)
@@ -548,7 +551,7 @@ def build_model(family, **overrides):
 
 
 def configure_optimizer(model, weight_decay, learning_rate, betas, device_type):
-    """AdamW with weight decay on matrices only (not on norms, biases or 1-d parameters), as nanoGPT."""
+    """AdamW, weight decay on matrices only (not on norms, biases or 1-d parameters), as nanoGPT."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -561,37 +564,39 @@ def configure_optimizer(model, weight_decay, learning_rate, betas, device_type):
 
 
 def save_checkpoint(checkpoint, path):
-    """torch.save to a temp file, then rename: a crash mid-write never destroys the previous checkpoint."""
+    """torch.save to a temp file, then rename: a crash mid-write keeps the old checkpoint intact."""
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)  # atomic on POSIX and Windows
 
 
 def model_from_checkpoint(checkpoint, device):
-    """Rebuild the model a train.py checkpoint describes ({'model_family', 'model_args', 'model'})."""
+    """Rebuild the model of a train.py checkpoint ({'model_family', 'model_args', 'model'})."""
     family, args = checkpoint["model_family"], checkpoint["model_args"]
-    state = {k.removeprefix("_orig_mod.").removeprefix("module."): v for k, v in checkpoint["model"].items()}
+    state = {k.removeprefix("_orig_mod.").removeprefix("module."): v
+             for k, v in checkpoint["model"].items()}
     if family == "gpt":
         model = GPT(GPTConfig(**args))
         check_state_dict(model, state, "checkpoint")
         model.load_state_dict(state, strict=True)
         model = model.to(device)
     else:
-        with torch.device("meta"):  # an 8B Llama: no random init, no second copy; keeps the checkpoint's dtype
+        with torch.device("meta"):  # an 8B Llama: no random init, no second copy, checkpoint dtype
             model = Llama(LlamaConfig(**args))
         check_state_dict(model, state, "checkpoint")
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
-        model.inv_freq = rope_frequencies(model.config).to(device)  # a non-persistent buffer, still on meta
+        model.inv_freq = rope_frequencies(model.config).to(device)  # not persistent: still on meta
     return model
 
 
 def check_state_dict(model, state, source):
-    """Raise a clear error for a missing, unexpected or wrongly shaped tensor (load_state_dict's is terse)."""
+    """A clear error for a missing, unexpected or misshapen tensor (load_state_dict's is terse)."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{source} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(f"{source} does not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise ValueError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, "

@@ -1,5 +1,6 @@
 """
-configurator.configure on a fake script's globals: config files and --key=value overrides, typos and types.
+configurator.configure on a fake script's globals: config files and --key=value overrides, typos and
+types.
 """
 
 import pytest
@@ -22,17 +23,19 @@ def write_config(tmp_path, text):
 
 def test_file_then_command_line_and_the_resolved_config_is_returned(tmp_path):
     g = script_globals()
-    path = write_config(tmp_path, "import os\nbatch_size = 8\nlearning_rate = 1e-3\n_helper = 'ignored'\n")
+    path = write_config(tmp_path, "import os\nbatch_size = 8\nlearning_rate = 1e-3\n"
+                                  "_helper = 'ignored'\n")
     config = configure(g, [path, "--batch_size=16", "--betas=(0.8, 0.9)"], print_config=False)
-    assert config == dict(out_dir="out", batch_size=16, learning_rate=1e-3, compile=False, betas=(0.8, 0.9),
-                          init_from=None)  # settings only: no modules, no private names, no CONSTANTS
-    assert g["batch_size"] == 16 and g["learning_rate"] == 1e-3  # the script's globals are updated too
+    # settings only: no modules, no private names, no CONSTANTS
+    assert config == dict(out_dir="out", batch_size=16, learning_rate=1e-3, compile=False,
+                          betas=(0.8, 0.9), init_from=None)
+    assert g["batch_size"] == 16 and g["learning_rate"] == 1e-3  # the script's globals too
 
 
 def test_misspelled_key_in_a_config_file(tmp_path):
     path = write_config(tmp_path, "learning_rat = 1e-3\n")
-    with pytest.raises(ConfigError, match=r"unknown config key 'learning_rat' in config file .*my_config\.py; "
-                                          r"did you mean 'learning_rate'\?"):
+    with pytest.raises(ConfigError, match=r"unknown config key 'learning_rat' in config file "
+                                          r".*my_config\.py; did you mean 'learning_rate'\?"):
         configure(script_globals(), [path], print_config=False)
 
 
@@ -55,7 +58,8 @@ def test_wrong_type(arg, message):
 
 def test_wrong_type_in_a_config_file(tmp_path):
     path = write_config(tmp_path, "batch_size = '64'\n")
-    with pytest.raises(ConfigError, match="'batch_size' in config file .* must be int, got str '64'"):
+    with pytest.raises(ConfigError,
+                       match="'batch_size' in config file .* must be int, got str '64'"):
         configure(script_globals(), [path], print_config=False)
 
 
@@ -65,11 +69,13 @@ def test_int_is_accepted_for_a_float():
 
 
 def test_values_are_python_literals_or_else_strings():
-    config = configure(script_globals(), ["--out_dir=out-sbd-small", "--compile=True", "--init_from=resume"],
+    config = configure(script_globals(),
+                       ["--out_dir=out-sbd-small", "--compile=True", "--init_from=resume"],
                        print_config=False)
     assert config["out_dir"] == "out-sbd-small" and config["compile"] is True
     assert config["init_from"] == "resume"  # a None default takes any type
-    assert configure(script_globals(), ["--out_dir=/tmp/a b"], print_config=False)["out_dir"] == "/tmp/a b"
+    config = configure(script_globals(), ["--out_dir=/tmp/a b"], print_config=False)
+    assert config["out_dir"] == "/tmp/a b"
 
 
 def test_unknown_config_file():

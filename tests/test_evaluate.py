@@ -1,5 +1,6 @@
 """
-evaluate.py's calibration rule and seeds.py's summary, on hand-made sweeps and reports (no model needed).
+evaluate.py's calibration rule and seeds.py's summary, on hand-made sweeps and reports (no model
+needed).
 """
 
 import json
@@ -11,20 +12,22 @@ import seeds
 
 
 def sweep(*points):
-    """[(γ, result)] from (γ, val accuracy, tokens per forward) triples, as calibrate() builds it."""
-    return [(g, dict(accuracy=acc, tokens=round(tpf * 1000), forwards=1000)) for g, acc, tpf in points]
+    """[(γ, result)] from (γ, val accuracy, tokens per forward) triples, as calibrate() makes it."""
+    return [(g, dict(accuracy=acc, tokens=round(tpf * 1000), forwards=1000))
+            for g, acc, tpf in points]
 
 
 def test_gamma_is_the_largest_with_no_failure_below_it():
-    s = sweep((3e-4, 99.9, 2.0), (1e-3, 99.7, 4.0), (2e-3, 99.2, 6.0), (3e-3, 99.8, 7.0), (5e-3, 97.0, 8.0))
-    assert evaluate.within_budget(s, 99.5) == 1e-3  # 3e-3 passes again, but after 2e-3 failed: not taken
+    s = sweep((3e-4, 99.9, 2.0), (1e-3, 99.7, 4.0), (2e-3, 99.2, 6.0), (3e-3, 99.8, 7.0),
+              (5e-3, 97.0, 8.0))
+    assert evaluate.within_budget(s, 99.5) == 1e-3  # 3e-3 passes again, but after 2e-3 failed
     assert evaluate.within_budget(s, 98.0) == 3e-3
     assert evaluate.within_budget(s, 96.0) == 5e-3
 
 
 def test_no_gamma_when_the_first_fails_or_nothing_is_faster_than_ntp():
     assert evaluate.within_budget(sweep((3e-4, 98.0, 2.0), (1e-3, 99.9, 4.0)), 99.5) is None
-    assert evaluate.within_budget(sweep((3e-4, 99.9, 0.99)), 99.5) is None  # slower than NTP: no row
+    assert evaluate.within_budget(sweep((3e-4, 99.9, 0.99)), 99.5) is None  # slower than NTP
 
 
 def test_row_keys_drop_the_gamma_values():
@@ -37,10 +40,14 @@ def test_row_keys_drop_the_gamma_values():
 
 def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
     runs = []
-    for seed, (acc, speedup, low) in enumerate([(99.0, 10.0, "0.01"), (98.0, 6.0, "0.003"), (97.0, 8.0, None)]):
-        rows = [dict(name="NTP baseline", key="NTP baseline", accuracy=99.5, delta=0.0, speedup=1.0),
-                dict(name=f"SBD k=16 γ_low={low}" if low else "SBD k=16 γ_low: no γ within 0.5 points on val",
-                     key="SBD k=16 γ_low", **(dict(accuracy=acc, delta=acc - 99.5, speedup=speedup) if low else {}))]
+    results = [(99.0, 10.0, "0.01"), (98.0, 6.0, "0.003"), (97.0, 8.0, None)]
+    for seed, (acc, speedup, low) in enumerate(results):
+        measured = dict(accuracy=acc, delta=acc - 99.5, speedup=speedup) if low else {}
+        rows = [dict(name="NTP baseline", key="NTP baseline", accuracy=99.5, delta=0.0,
+                     speedup=1.0),
+                dict(name=f"SBD k=16 γ_low={low}" if low
+                     else "SBD k=16 γ_low: no γ within 0.5 points on val",
+                     key="SBD k=16 γ_low", **measured)]
         run = tmp_path / f"run{seed}"
         run.mkdir()
         (run / "report.json").write_text(json.dumps(dict(rows=rows, seconds=60.0 * (seed + 1))))
@@ -48,7 +55,8 @@ def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
     seeds.summarize(runs)
     out = capsys.readouterr().out
     low_line = next(line for line in out.splitlines() if line.startswith("SBD k=16 γ_low"))
-    assert "98.50 [98.00, 99.00]" in low_line and "8.00x [6.00x, 10.00x]" in low_line  # the two runs with a row
+    # the two runs with a row
+    assert "98.50 [98.00, 99.00]" in low_line and "8.00x [6.00x, 10.00x]" in low_line
     assert "0.01 0.003 -" in low_line and "1 of 3 runs: no γ met the budget" in low_line
     assert "report time per run: 2.0 [1.0, 3.0] min" in out
     ntp_line = next(line for line in out.splitlines() if line.startswith("NTP baseline"))
@@ -56,9 +64,11 @@ def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
 
 
 def hand_made_calibration():
-    return {8: dict(low=1e-3, high=2e-3, exact=1e9, sweep=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0)],
+    return {8: dict(low=1e-3, high=2e-3, exact=1e9,
+                    sweep=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0)],
                     exact_sweep=[(0.1, 6.3), (1e9, 6.5)]),
-            16: dict(low=None, high=None, exact=1e9, sweep=[(3e-4, 98.0, 1.7)], exact_sweep=[(0.1, 10.4), (1e9, 10.9)])}
+            16: dict(low=None, high=None, exact=1e9, sweep=[(3e-4, 98.0, 1.7)],
+                     exact_sweep=[(0.1, 10.4), (1e9, 10.9)])}
 
 
 def test_sweep_picture_is_written_with_matplotlib(tmp_path):
@@ -78,4 +88,5 @@ def test_sweep_picture_without_matplotlib_says_how_to_get_it(tmp_path, monkeypat
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     assert evaluate.plot_sweep(hand_made_calibration(), 99.9, str(tmp_path / "sweep.png")) is None
-    assert "pip install matplotlib" in capsys.readouterr().out and not (tmp_path / "sweep.png").exists()
+    assert "pip install matplotlib" in capsys.readouterr().out
+    assert not (tmp_path / "sweep.png").exists()

@@ -9,15 +9,6 @@ import dataclasses
 
 import pytest
 import torch
-from test_llama_io import (
-    assert_same_model,
-    expect_error,
-    save_hf,
-    tiny_config_json,
-    tiny_config_json_v5,
-    tiny_llama,
-    to_hf,
-)
 
 from load_llama import (
     HF_CHECKED,
@@ -28,6 +19,15 @@ from load_llama import (
     load_llama,
 )
 from model import LLAMA_PRESETS, Llama, LlamaConfig
+from test_llama_io import (
+    assert_same_model,
+    expect_error,
+    save_hf,
+    tiny_config_json,
+    tiny_config_json_v5,
+    tiny_llama,
+    to_hf,
+)
 
 # SmolLM2-135M's config.json as published (HuggingFaceTB/SmolLM2-135M). is_llama_config and
 # rope_interleaved come from the nanotron converter it was written with.

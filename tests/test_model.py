@@ -1,10 +1,11 @@
 """
-model.py checked against definitions written out independently here: an uncached full forward for the
-KV cache, hand-written 0/1 matrices for the masks, LLAMA.md's rules for RoPE, GQA and the 8B shapes.
+model.py checked against definitions written out independently here: an uncached full forward for
+the KV cache, hand-written 0/1 matrices for the masks, docs/llama.md's rules for RoPE, GQA and the
+8B shapes.
 
-Tiny random models in float32; cached and uncached logits must agree to 1e-5 (they do to ~3e-6). Weights are
-drawn with std 0.1, five times the training init, so that attention is far from uniform and a wrong mask,
-position or cache entry moves the logits by 0.1 or more, far beyond the tolerance.
+Tiny random models in float32; cached and uncached logits must agree to 1e-5 (they do to ~3e-6).
+Weights are drawn with std 0.1, five times the training init, so that attention is far from uniform
+and a wrong mask, position or cache entry moves the logits by 0.1 or more, far beyond the tolerance.
 """
 
 import math
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 import model as model_lib
-from tiny_models import random_model
 import sbd
 from model import LlamaConfig, dense_mask
+from tiny_models import random_model
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 TOL = 1e-5
@@ -33,8 +34,8 @@ def max_diff(a, b):
 
 
 def hand_hybrid_mask(n_prefix, n_block):
-    """[prefix ; block] written out from SBD.md: a prefix slot sees the prefix slots up to itself (causal);
-    a block slot sees every prefix slot and every slot of its block (bidirectional)."""
+    """[prefix ; block] written out from docs/method.md: a prefix slot sees the prefix slots up to
+    itself (causal); a block slot sees every prefix slot and its whole block (bidirectional)."""
     T = n_prefix + n_block
     mask = torch.zeros(T, T, dtype=torch.bool)
     for q in range(T):
@@ -51,10 +52,11 @@ def assert_cache_equal(cache, snapshot, atol=0.0):
     length, ks, vs = snapshot
     assert cache.length == length
     for layer, (k0, v0, k1, v1) in enumerate(zip(ks, vs, cache.k, cache.v)):
-        # the committed slots [0, length): a block forward may use the scratch slots past the length (the next
-        # forward overwrites them), but must not change or add a committed key/value
+        # the committed slots [0, length): a block forward may use the scratch slots past the length
+        # (the next forward overwrites them), but must not change or add a committed key/value
         k0, v0, k1, v1 = (t[:, :, :length] for t in (k0, v0, k1, v1))
-        assert max_diff(k0, k1) <= atol and max_diff(v0, v1) <= atol, f"layer {layer}: cache changed"
+        assert max_diff(k0, k1) <= atol, f"layer {layer}: cache changed"
+        assert max_diff(v0, v1) <= atol, f"layer {layer}: cache changed"
 
 # -----------------------------------------------------------------------------
 # 1-3: the KV cache against one uncached forward
@@ -88,7 +90,7 @@ def test_block_on_cache_equals_full_forward_and_leaves_cache_alone(family):
     cache = m.new_cache(2, 32, "cpu")
     m(prefix, cache=cache)
     before = cache_snapshot(cache)
-    block_logits, _ = m(block, mask=mask[P:], cache=cache, n_commit=0)  # mask rows of the block: (k, P + k)
+    block_logits, _ = m(block, mask=mask[P:], cache=cache, n_commit=0)  # block's rows: (k, P + k)
     assert max_diff(block_logits, full[:, P:]) <= TOL
     assert_cache_equal(cache, before)  # length P and every slot exactly as before
 
@@ -113,7 +115,7 @@ def test_commit_previous_and_new_block_in_one_forward(family):
     assert max_diff(combined[:, n_prev:], block_logits) <= TOL
     assert one.length == two.length == P + n_prev
     assert_cache_equal(one, cache_snapshot(two), atol=TOL)
-    full, _ = m(torch.cat([prefix, prev, block], dim=1), mask=mask)  # and both equal no cache at all
+    full, _ = m(torch.cat([prefix, prev, block], dim=1), mask=mask)  # both equal no cache at all
     assert max_diff(combined, full[:, P:]) <= TOL
 
 # -----------------------------------------------------------------------------
@@ -143,8 +145,9 @@ def test_hybrid_mask():
         [1, 1, 1, 1, 1, 1, 1],
         [1, 1, 1, 1, 1, 1, 1],
         [1, 1, 1, 1, 1, 1, 1]]
-    # decoding: 2 cached slots, then 1 token committed causally (slot 2), then a block of 3 (slots 3-5)
-    assert dense_mask(lambda q, k: sbd.hybrid_mask(q, k, 3), 4, 6, query_offset=2).int().tolist() == [
+    # decoding: 2 cached slots, 1 token committed causally (slot 2), then a block of 3 (slots 3-5)
+    mask = dense_mask(lambda q, k: sbd.hybrid_mask(q, k, 3), 4, 6, query_offset=2)
+    assert mask.int().tolist() == [
         [1, 1, 1, 0, 0, 0],
         [1, 1, 1, 1, 1, 1],
         [1, 1, 1, 1, 1, 1],
@@ -156,7 +159,7 @@ def training_mask_rows(phase):
 
 
 def test_sbd_training_mask_phase_0():
-    # L = 8, k = 4: columns c0..c7 | n0..n7 (SBD.md's worked example, 0-based)
+    # L = 8, k = 4: columns c0..c7 | n0..n7 (docs/method.md's worked example, 0-based)
     assert training_mask_rows(0) == [
         [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # c0
         [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
@@ -197,11 +200,12 @@ def test_sbd_training_mask_phase_1():
         [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1]]
 
 # -----------------------------------------------------------------------------
-# 5: Llama-3.1 facts (LLAMA.md)
+# 5: Llama-3.1 facts (docs/llama.md)
 
 
 def test_llama31_rope_frequencies():
-    """LLAMA.md's rule with its constants (theta 500000, head_dim 128, scale 8, factors 1 and 4, context 8192)."""
+    """docs/llama.md's rule with its constants (theta 500000, head_dim 128, scale 8, factors 1
+    and 4, context 8192)."""
     got = model_lib.rope_frequencies(LlamaConfig()).double()  # (64,)
     assert got.shape == (64,)
     expected, kind = [], []
@@ -218,17 +222,21 @@ def test_llama31_rope_frequencies():
     assert [i for i, c in enumerate(kind) if c == "keep"] == list(range(0, 29))
     assert [i for i, c in enumerate(kind) if c == "smooth"] == list(range(29, 35))
     assert [i for i, c in enumerate(kind) if c == "divide"] == list(range(35, 64))
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-6,
+                               atol=0.0)
     # and the three ranges seen in the model's own output
     base = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
     torch.testing.assert_close(got[:29], base[:29], rtol=1e-6, atol=0.0)
     torch.testing.assert_close(got[35:], base[35:] / 8, rtol=1e-6, atol=0.0)
-    assert (got[29:35] < base[29:35] * (1 - 1e-4)).all() and (got[29:35] > base[29:35] / 8 * (1 + 1e-4)).all()
+    assert (got[29:35] < base[29:35] * (1 - 1e-4)).all()
+    assert (got[29:35] > base[29:35] / 8 * (1 + 1e-4)).all()
 
 
 def meta_rotary(x, pos, inv_freq):
-    """Meta's reference: pairs (x[2i], x[2i+1]) as complex numbers times e^{i pos freq_i}; x (B, T, h, hd)."""
-    freqs_cis = torch.polar(torch.ones(len(pos), len(inv_freq)), torch.outer(pos.float(), inv_freq))  # (T, hd/2)
+    """Meta's reference: pairs (x[2i], x[2i+1]) as complex numbers times e^{i pos freq_i};
+    x (B, T, h, hd)."""
+    angles = torch.outer(pos.float(), inv_freq)  # (T, hd/2)
+    freqs_cis = torch.polar(torch.ones(len(pos), len(inv_freq)), angles)  # (T, hd/2)
     x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, h, hd/2)
     return torch.view_as_real(x_c * freqs_cis[None, :, None, :]).flatten(3)  # (B, T, h, hd)
 
@@ -246,12 +254,14 @@ def test_gqa_attention_equals_explicit_head_repetition():
     q = meta_rotary((x @ attn.wq.weight.T).view(B, T, c.n_heads, hd), pos, m.inv_freq)
     k = meta_rotary((x @ attn.wk.weight.T).view(B, T, c.n_kv_heads, hd), pos, m.inv_freq)
     v = (x @ attn.wv.weight.T).view(B, T, c.n_kv_heads, hd)
-    k, v = k.repeat_interleave(n_rep, dim=2), v.repeat_interleave(n_rep, dim=2)  # query head h uses K/V head h // n_rep
+    # query head h uses K/V head h // n_rep
+    k, v = k.repeat_interleave(n_rep, dim=2), v.repeat_interleave(n_rep, dim=2)  # (B, T, nh, hd)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     heads = []
     for h in range(c.n_heads):
         scores = q[:, :, h] @ k[:, :, h].transpose(1, 2) / math.sqrt(hd)  # (B, T, T)
-        heads.append(scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v[:, :, h])  # (B, T, hd)
+        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (B, T, T)
+        heads.append(probs @ v[:, :, h])  # (B, T, hd)
     expected = torch.cat(heads, dim=-1) @ attn.wo.weight.T  # (B, T, dim)
     assert max_diff(got, expected) <= TOL
 
@@ -292,9 +302,11 @@ def test_cache_overflow(family):
         m(torch.zeros(1, 3, dtype=torch.long), cache=cache)
     assert cache.length == 3
     with pytest.raises(ValueError, match=r"KV cache full: 3 cached \+ 4 new tokens > max_len 5"):
-        m(torch.zeros(1, 4, dtype=torch.long), cache=cache, n_commit=2,  # the 2 uncommitted need scratch slots too
+        # the 2 uncommitted tokens need scratch slots too
+        m(torch.zeros(1, 4, dtype=torch.long), cache=cache, n_commit=2,
           mask=torch.ones(4, 7, dtype=torch.bool))
-    m(torch.zeros(1, 2, dtype=torch.long), cache=cache, n_commit=1, mask=torch.ones(2, 5, dtype=torch.bool))
+    m(torch.zeros(1, 2, dtype=torch.long), cache=cache, n_commit=1,
+      mask=torch.ones(2, 5, dtype=torch.bool))
     assert cache.length == 4
 
 
@@ -305,7 +317,8 @@ def test_n_commit_needs_a_cache():
 
 
 def tiny_checkpoint(family, m):
-    args = {"gpt-tiny": model_lib.GPT_PRESETS, "llama-tiny": model_lib.LLAMA_PRESETS}[family][family]
+    presets = {"gpt-tiny": model_lib.GPT_PRESETS, "llama-tiny": model_lib.LLAMA_PRESETS}[family]
+    args = presets[family]
     return dict(model=m.state_dict(), model_family=family.split("-")[0], model_args=dict(args),
                 stage="ntp")
 
@@ -320,7 +333,8 @@ def test_load_checkpoint_round_trip_and_shape_mismatch(family, tmp_path):
     assert torch.equal(loaded(idx)[0], m(idx)[0])
 
     checkpoint = tiny_checkpoint(family, m)
-    name = {"gpt-tiny": "transformer.h.1.mlp.c_fc.weight", "llama-tiny": "layers.1.attention.wk.weight"}[family]
+    name = {"gpt-tiny": "transformer.h.1.mlp.c_fc.weight",
+            "llama-tiny": "layers.1.attention.wk.weight"}[family]
     checkpoint["model"][name] = checkpoint["model"][name][:-1]  # one row short
     model_lib.save_checkpoint(checkpoint, path)
     with pytest.raises(ValueError, match=rf"tensor {name} has shape"):
@@ -333,5 +347,6 @@ def test_missing_or_outdated_checkpoint(tmp_path):
     model_lib.save_checkpoint(checkpoint, str(tmp_path / "old.pt"))
     with pytest.raises(ValueError, match="older version of train.py: train it again"):
         model_lib.load_checkpoint(str(tmp_path / "old.pt"))
-    with pytest.raises(ValueError, match=r"no checkpoint at .*nope\.pt: train one first \(python train\.py"):
+    with pytest.raises(ValueError,
+                       match=r"no checkpoint at .*nope\.pt: train one first \(python train\.py"):
         model_lib.load_checkpoint(str(tmp_path / "nope.pt"))

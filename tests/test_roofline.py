@@ -1,7 +1,7 @@
-"""roofline.py: the `paper` model reproduces the paper's Tables 3-4 cells (SBD.md) and Eq. 16's example; the
-`llama31_8b` model's flops equal a hand count of Llama-3.1-8B's matmuls and its 1-token forward reads the
-checkpoint's weights; ratios are >= 1 and grow with k; the scripts run (roofline.py, bench.py --what=roofline,
-bench_gpu.py with a roofline preset), in a tiny setting."""
+"""roofline.py: the `paper` model reproduces the paper's Tables 3-4 cells (docs/method.md) and
+Eq. 16's example; the `llama31_8b` model's flops equal a hand count of Llama-3.1-8B's matmuls and
+its 1-token forward reads the checkpoint's weights; ratios are >= 1 and grow with k; the scripts run
+(roofline.py, bench.py --what=roofline, bench_gpu.py with a roofline preset), in a tiny setting."""
 
 import os
 import subprocess
@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100_FP8 = HARDWARE["h100_fp8"]
 M = 4 * 1024 ** 2  # the paper's Table 4: KV length 4M
 
-# SBD.md's cells of the paper's Tables 3 and 4: (batch, KV length) -> time(k)/time(1) as printed, from k = 1
-# (KV 16: k = 1, 2, 4, ..., 64) or only the last three columns (KV 4M: k = 16, 32, 64)
+# docs/method.md's cells of the paper's Tables 3 and 4: (batch, KV length) -> time(k)/time(1) as
+# printed, from k = 1 (KV 16: k = 1, 2, 4, ..., 64) or only the last three columns
+# (KV 4M: k = 16, 32, 64)
 ALL_K, LAST_K = (1, 2, 4, 8, 16, 32, 64), (16, 32, 64)
 PAPER_CELLS = {
     (1, 16): (ALL_K, "1.000 1.000 1.001 1.002 1.004 1.008 1.015"),
@@ -32,8 +33,8 @@ PAPER_CELLS = {
 
 def run(script, *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=240)
+    out = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
@@ -46,19 +47,22 @@ def test_paper_model_reproduces_tables_3_and_4(batch, kv):
 
 
 def test_paper_cells_count():
-    assert sum(len(ks) for ks, _ in PAPER_CELLS.values()) >= 12  # the issue asks for at least 12 cells
+    assert sum(len(ks) for ks, _ in PAPER_CELLS.values()) >= 12  # at least 12 cells checked
 
 
 def test_paper_eq16_example():
-    """Batch 1, k = 16, l = 4 forwards per block (an NFE speed-up of 4): 3.982 (SBD.md), 3.98 in the paper."""
+    """Batch 1, k = 16, l = 4 forwards per block (an NFE speed-up of 4): 3.982 (docs/method.md),
+    3.98 in the paper."""
     assert f"{roofline.eq16(paper_time, 16, 4, 16, 1, H100_FP8):.3f}" == "3.982"
 
 
 def test_paper_ffn_reading():
-    """The tables need FFN = 16384 = 4·hidden, so the appendix's FFN GEMM has HIDDEN·FFN = 67,108,864 as a dimension.
-    Reading FFN as the multiplier 4 (a correct 16384-wide FFN) does not reproduce them: batch 1, KV 16, k=16
-    would be 1.007, batch 16, k=64 3.845, instead of the printed 1.004 and 3.799."""
-    assert roofline.PAPER["ffn"] == 16384 and roofline.PAPER["hidden"] * roofline.PAPER["ffn"] == 67_108_864
+    """The tables need FFN = 16384 = 4·hidden, so the appendix's FFN GEMM has
+    HIDDEN·FFN = 67,108,864 as a dimension. Reading FFN as the multiplier 4 (a correct 16384-wide
+    FFN) does not reproduce them: batch 1, KV 16, k=16 would be 1.007, batch 16, k=64 3.845, instead
+    of the printed 1.004 and 3.799."""
+    assert roofline.PAPER["ffn"] == 16384
+    assert roofline.PAPER["hidden"] * roofline.PAPER["ffn"] == 67_108_864
     hw, bw = H100_FP8, H100_FP8["bandwidth"]
 
     def gemm(m, n, k):  # the appendix's gemm, 1-byte elements
@@ -67,8 +71,8 @@ def test_paper_ffn_reading():
     def time_ffn_as_multiplier(block, bs):  # paper_time at KV 16 with HIDDEN·FFN = 4096·4
         nt = block * bs
         attention = roofline.paper_attention(block, 16, bs, hw)
-        linear = (gemm(nt, 4096, 4096 * 4) + gemm(nt, 4096 * 4, 4096) + gemm(nt, 4096, 4096) + 2 * gemm(nt, 4096, 256)
-                  + gemm(nt, 4096, 4096))
+        linear = (gemm(nt, 4096, 4096 * 4) + gemm(nt, 4096 * 4, 4096) + gemm(nt, 4096, 4096)
+                  + 2 * gemm(nt, 4096, 256) + gemm(nt, 4096, 4096))
         return attention + linear
     assert f"{time_ffn_as_multiplier(16, 1) / time_ffn_as_multiplier(1, 1):.3f}" == "1.007"
     assert f"{time_ffn_as_multiplier(64, 16) / time_ffn_as_multiplier(1, 16):.3f}" == "3.845"
@@ -76,7 +80,7 @@ def test_paper_ffn_reading():
 
 @pytest.mark.parametrize("block, kv, bs", [(1, 16, 1), (16, 1024, 4), (64, 4 * 1024 ** 2, 16)])
 def test_llama_layer_flops_equal_a_hand_count(block, kv, bs):
-    """Llama-3.1-8B, one layer, nt = bs·block tokens in, each attending to kv cached + block new keys."""
+    """Llama-3.1-8B, one layer, nt = bs·block tokens in, each seeing kv cached + block new keys."""
     nt, keys = bs * block, kv + block
     q_proj = 2 * nt * 4096 * 4096  # wq: 4096 -> 32 heads x 128
     k_proj = v_proj = 2 * nt * 4096 * 1024  # wk, wv: 4096 -> 8 KV heads x 128
@@ -90,10 +94,12 @@ def test_llama_layer_flops_equal_a_hand_count(block, kv, bs):
 
 
 def test_llama_one_token_forward_reads_the_checkpoint():
-    """At batch 1 a 1-token forward is bandwidth-bound: it reads every weight once, i.e. LLAMA.md's 8,030,261,248
-    parameters minus the embedding table (one row is looked up) and the norms (not modelled), plus the token's
-    activations (~3 MB over 32 layers) and a 1-token cache."""
-    hw = dict(HARDWARE["h100_bf16"], peak=1e30, attention=1e30, bandwidth=1.0, weight_bytes=1, kv_bytes=1)
+    """At batch 1 a 1-token forward is bandwidth-bound: it reads every weight once, i.e.
+    docs/llama.md's 8,030,261,248 parameters minus the embedding table (one row is looked up) and
+    the norms (not modelled), plus the token's activations (~3 MB over 32 layers) and a 1-token
+    cache."""
+    hw = dict(HARDWARE["h100_bf16"], peak=1e30, attention=1e30, bandwidth=1.0, weight_bytes=1,
+              kv_bytes=1)
     bytes_read = roofline.llama_time(1, 0, 1, hw)  # bandwidth 1 B/s: the time is the byte count
     matmul_weights = 8_030_261_248 - 128256 * 4096 - (2 * 32 + 1) * 4096
     activations_and_kv = bytes_read - matmul_weights
@@ -106,7 +112,8 @@ def test_ratios_at_least_one_and_grow_with_k(name):
     for time_fn in roofline.MODELS.values():
         for bs in (1, 4, 8, 16):
             for kv in (16, 1024, 65536, 4 * 1024 ** 2):
-                ratios = [roofline.slowdown(time_fn, k, kv, bs, hw) for k in (1, 2, 4, 8, 16, 32, 64)]
+                ratios = [roofline.slowdown(time_fn, k, kv, bs, hw)
+                          for k in (1, 2, 4, 8, 16, 32, 64)]
                 assert ratios[0] == 1.0
                 assert all(b >= a for a, b in zip(ratios, ratios[1:])), (name, bs, kv, ratios)
 
@@ -131,14 +138,15 @@ def test_roofline_script():
 
 def test_bench_roofline_mode_runs():
     """The CPU mode in a tiny setting (smoke: what it prints, not how fast this machine is)."""
-    log = run("bench.py", "--what=roofline", "--roofline_ks=(1, 2, 16)", "--roofline_rounds=1", "--roofline_reps=1",
-              "--peak_gflops=50", "--bandwidth_gbs=20", "--n_layer=2", "--n_head=2", "--n_embd=64")
+    log = run("bench.py", "--what=roofline", "--roofline_ks=(1, 2, 16)", "--roofline_rounds=1",
+              "--roofline_reps=1", "--peak_gflops=50", "--bandwidth_gbs=20", "--n_layer=2",
+              "--n_head=2", "--n_embd=64")
     assert log.count("fitted overhead") == 2 and log.count("t(16)/t(1): measured") == 2
     assert "demo GPT 4L/4h/128d" in log and "GPT 2L/2h/64d" in log
 
 
 def test_bench_gpu_prints_the_roofline():
-    log = run("bench_gpu.py", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64,)", "--ks=(1, 16, 32)",
-              "--reps=1", "--warmup=0", "--roofline_hardware=h100_bf16")
+    log = run("bench_gpu.py", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64,)",
+              "--ks=(1, 16, 32)", "--reps=1", "--warmup=0", "--roofline_hardware=h100_bf16")
     assert "roofline (h100_bf16)" in log and "KV 64: the roofline's 1-token forward" in log
     assert "this roofline" in log

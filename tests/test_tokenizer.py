@@ -1,5 +1,5 @@
-"""Tokenizer tests on a tiny rank file written here: the 256 single bytes (rank = byte value) plus a few merges,
-so every expected id below can be worked out by hand."""
+"""Tokenizer tests on a tiny rank file written here: the 256 single bytes (rank = byte value) plus a
+few merges, so every expected id below can be worked out by hand."""
 
 import base64
 
@@ -7,7 +7,8 @@ import pytest
 
 from tokenizer import CharTokenizer, Llama3Tokenizer
 
-MERGES = [b"o ", b"\n\n", b"he", b"ll", b"hell", b"hello", b"12", b"123", b"45", b"us", b"er", b"user"]
+MERGES = [b"o ", b"\n\n", b"he", b"ll", b"hell", b"hello", b"12", b"123", b"45", b"us", b"er",
+          b"user"]
 ID = {token: 256 + i for i, token in enumerate(MERGES)}  # merged tokens' ids, in rank order
 N_BASE = 256 + len(MERGES)  # 268: the special tokens start here (128000 in the real file)
 
@@ -16,16 +17,17 @@ N_BASE = 256 + len(MERGES)  # 268: the special tokens start here (128000 in the 
 def tok(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "tokenizer.model"
     tokens = [bytes([b]) for b in range(256)] + MERGES
-    path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n" for rank, t in enumerate(tokens)))
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {rank}\n"
+                            for rank, t in enumerate(tokens)))
     return Llama3Tokenizer(str(path))
 
 
 def test_bpe_merges_and_split_regex(tok):
     assert tok.encode("hello") == [ID[b"hello"]]  # he, ll -> hell -> hello
     assert tok.encode("user") == [ID[b"user"]]  # us (lower rank) first, then er, then user
-    # the regex splits "hello world" into "hello" and " world", so the top-rank merge "o " never applies
+    # the regex splits "hello world" into "hello" and " world": top-rank merge "o " never applies
     assert tok.encode("hello world") == [ID[b"hello"]] + list(b" world")
-    assert tok.encode("12345") == [ID[b"123"], ID[b"45"]]  # numbers are split into runs of at most 3 digits
+    assert tok.encode("12345") == [ID[b"123"], ID[b"45"]]  # numbers split into runs of <= 3 digits
     assert tok.encode("a\n\nb") == [ord("a"), ID[b"\n\n"], ord("b")]
     assert tok.encode("hi", bos=True, eos=True) == [N_BASE, ord("h"), ord("i"), N_BASE + 1]
 
@@ -39,8 +41,8 @@ def test_special_token_ids(tok):
     expected = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 2: "<|reserved_special_token_0|>",
                 3: "<|reserved_special_token_1|>", 4: "<|finetune_right_pad_id|>", 5: "<|step_id|>",
                 6: "<|start_header_id|>", 7: "<|end_header_id|>", 8: "<|eom_id|>", 9: "<|eot_id|>",
-                10: "<|python_tag|>", 11: "<|reserved_special_token_2|>", 12: "<|reserved_special_token_3|>",
-                255: "<|reserved_special_token_246|>"}
+                10: "<|python_tag|>", 11: "<|reserved_special_token_2|>",
+                12: "<|reserved_special_token_3|>", 255: "<|reserved_special_token_246|>"}
     for i, name in expected.items():
         assert tok.special[name] == N_BASE + i
         assert tok.decode([N_BASE + i]) == name
