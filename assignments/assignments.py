@@ -1,25 +1,35 @@
 """
 The course: every assignment, the functions a student writes and the tests that grade them.
 
-This list is the single source of truth. handout.py blanks the functions named here, grade.py runs the tests
-named here, and tests/test_assignments.py checks both (a stub never passes, no assignment needs a later one,
-no solution leaks into a handout). The reference source carries no markers, so keep this list up to date when
-a function or a test is renamed: a name that no longer exists is an error in handout.py and in CI.
+This list is the single source of truth. handout.py blanks the functions named here, grade.py runs
+the tests named here, and tests/test_assignments.py checks both (a stub never passes, no assignment
+needs a later one, no solution leaks into a handout) and the write-ups against them. The reference
+source carries no markers, so keep this list up to date when a function or a test is renamed: a
+name that no longer exists is an error in handout.py and in CI.
 
-functions: "file:function" or "file:Class.method". The handout keeps the signature and the docstring (the
-           specification) and replaces the rest of the body with raise NotImplementedError("assignment N: name").
-tests:     pytest node ids, run from the repository root: a whole test function (all its parametrized cases)
-           or one case ("...[gpt-tiny]"). Assignments 3 and 5 grade on the GPT cases only, because the Llama
-           cases need assignment 6 (RoPE); assignment 6 grades the Llama cases.
-points:    split equally over the listed tests; a test with several cases earns its share in proportion to the
-           cases it passes. Experiments (kind "experiment") are written up and graded by hand.
+functions: "file:function" or "file:Class.method". The handout keeps the signature and the
+           docstring (the specification) and replaces the rest of the body with
+           raise NotImplementedError("assignment N: name").
+tests:     pytest node ids, run from the repository root: a whole test function (all its
+           parametrized cases) or one case ("...[gpt-tiny]"). Assignments 3 and 5 grade on the GPT
+           cases only, because the Llama cases need assignment 6 (RoPE); assignment 6 grades the
+           Llama cases.
+points:    split equally over the listed tests; a test with several cases earns its share in
+           proportion to the cases it passes. Experiments (kind "experiment") are written up and
+           graded by hand.
+writeup:   the assignment's text. For an implementation assignment CI checks it against this list
+           and the code: the title line's points, one ```python block under "## What to write"
+           with every function's exact signature and a docstring of shapes, "N tests (M cases)" as
+           the grader collects them, and "you write about N lines" as handout.py --measure counts
+           them (README.md, "What CI checks in a write-up").
 """
 
 ASSIGNMENTS = [
     dict(
         number=1, title="Attention masks", kind="implementation", points=10, builds_on=[],
         writeup="01_masks.md",
-        functions=["model.py:causal_mask", "sbd.py:block_id", "sbd.py:hybrid_mask", "sbd.py:sbd_training_mask"],
+        functions=["model.py:causal_mask", "sbd.py:block_id", "sbd.py:hybrid_mask",
+                   "sbd.py:sbd_training_mask"],
         tests=[
             "tests/test_model.py::test_causal_mask",
             "tests/test_model.py::test_hybrid_mask",
@@ -31,8 +41,8 @@ ASSIGNMENTS = [
             "tests/test_assignment_1.py::test_masks_are_pure_functions_of_query_and_key",
         ]),
     dict(
-        number=2, title="The SBD training objective", kind="implementation", points=10, builds_on=[1],
-        writeup="02_objective.md",
+        number=2, title="The SBD training objective", kind="implementation", points=10,
+        builds_on=[1], writeup="02_objective.md",
         functions=["sbd.py:add_noise", "sbd.py:sbd_inputs", "sbd.py:sbd_loss"],
         tests=[
             "tests/test_training.py::test_labels_of_the_worked_example",
@@ -43,22 +53,23 @@ ASSIGNMENTS = [
             "tests/test_assignment_2.py::test_loss_reaches_only_labelled_positions",
         ]),
     dict(
-        number=3, title="The exact KV cache with commit", kind="implementation", points=10, builds_on=[1],
-        writeup="03_kv_cache.md",
+        number=3, title="The exact KV cache with commit", kind="implementation", points=10,
+        builds_on=[1], writeup="03_kv_cache.md",
         functions=["model.py:KVCache.extend"],
         tests=[
             "tests/test_assignment_3.py::test_extend_writes_only_the_committed_tokens",
             "tests/test_assignment_3.py::test_a_full_cache_is_a_clear_error_and_stays_unchanged",
             "tests/test_model.py::test_cached_decoding_equals_full_forward[1-gpt-tiny]",
             "tests/test_model.py::test_cached_decoding_equals_full_forward[3-gpt-tiny]",
-            "tests/test_model.py::test_block_on_cache_equals_full_forward_and_leaves_cache_alone[gpt-tiny]",
+            ("tests/test_model.py::"
+             "test_block_on_cache_equals_full_forward_and_leaves_cache_alone[gpt-tiny]"),
             "tests/test_model.py::test_commit_previous_and_new_block_in_one_forward[gpt-tiny]",
             "tests/test_decoding.py::test_cached_ntp_equals_uncached[1-gpt-tiny]",
             "tests/test_decoding.py::test_cached_ntp_equals_uncached[3-gpt-tiny]",
         ]),
     dict(
-        number=4, title="Reveal rules: EB-Sampler and the factor rule", kind="implementation", points=15,
-        builds_on=[], writeup="04_reveal_rules.md",
+        number=4, title="Reveal rules: EB-Sampler and the factor rule", kind="implementation",
+        points=15, builds_on=[], writeup="04_reveal_rules.md",
         functions=["sampling.py:entropy", "sampling.py:entropy_bound", "sampling.py:reveal_entropy",
                    "sampling.py:reveal_confidence", "sampling.py:reveal_factor"],
         tests=[
@@ -78,7 +89,8 @@ ASSIGNMENTS = [
     dict(
         number=5, title="Block decoding (Algorithms 2 and 3)", kind="implementation", points=20,
         builds_on=[1, 2, 3, 4], writeup="05_block_decoding.md",
-        functions=["generate.py:block_forward", "generate.py:decode_block", "generate.py:sbd_generate"],
+        functions=["generate.py:block_forward", "generate.py:decode_block",
+                   "generate.py:sbd_generate"],
         tests=[
             "tests/test_training.py::test_training_forward_equals_decoding_forward[4-gpt-tiny]",
             "tests/test_training.py::test_training_forward_equals_decoding_forward[5-gpt-tiny]",
@@ -105,8 +117,9 @@ ASSIGNMENTS = [
     dict(
         number=6, title="Llama internals: RoPE, GQA, HF's q/k permutation", kind="implementation",
         points=15, builds_on=[1, 2, 3, 4, 5], writeup="06_llama.md",
-        functions=["model.py:rope_frequencies", "model.py:apply_rotary", "model.py:LlamaAttention.forward",
-                   "load_llama.py:hf_permute", "load_llama.py:hf_unpermute"],
+        functions=["model.py:rope_frequencies", "model.py:apply_rotary",
+                   "model.py:LlamaAttention.forward", "load_llama.py:hf_permute",
+                   "load_llama.py:hf_unpermute"],
         tests=[
             "tests/test_assignment_6.py::test_llama31_rope_frequencies",
             "tests/test_assignment_6.py::test_rope_without_scaling",
@@ -120,26 +133,30 @@ ASSIGNMENTS = [
             "tests/test_llama_io.py::test_hf_sharded_layout_loads_exactly",
             "tests/test_model.py::test_cached_decoding_equals_full_forward[1-llama-tiny]",
             "tests/test_model.py::test_cached_decoding_equals_full_forward[3-llama-tiny]",
-            "tests/test_model.py::test_block_on_cache_equals_full_forward_and_leaves_cache_alone[llama-tiny]",
+            ("tests/test_model.py::"
+             "test_block_on_cache_equals_full_forward_and_leaves_cache_alone[llama-tiny]"),
             "tests/test_model.py::test_commit_previous_and_new_block_in_one_forward[llama-tiny]",
             "tests/test_training.py::test_training_forward_equals_decoding_forward[4-llama-tiny]",
             "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-4-llama-tiny]",
         ]),
-    # experiments: run the reference (or your own solutions), measure, write up; CPU budget <= 15 minutes each
-    dict(number=7, title="The γ trade-off of the demo model", kind="experiment", points=5, builds_on=[1, 2, 3, 4, 5],
-         writeup="07_gamma_tradeoff.md", functions=[], tests=[]),
-    dict(number=8, title="Ablation: SBD without the NTP term", kind="experiment", points=5, builds_on=[1, 2, 3, 4, 5],
-         writeup="08_no_ntp_ablation.md", functions=[], tests=[]),
-    dict(number=9, title="Where training blocks start: block_phase 'answer' vs 'random'", kind="experiment",
-         points=5, builds_on=[1, 2, 3, 4, 5], writeup="09_block_phase.md", functions=[], tests=[]),
-    dict(number=10, title="Eq. 16 on your own machine", kind="experiment", points=5, builds_on=[3, 5],
-         writeup="10_eq16_wall_clock.md", functions=[], tests=[]),
-    dict(number=11, title="Exact mode: what verification costs", kind="experiment", points=5, builds_on=[1, 2, 3, 4, 5],
-         writeup="11_exact_mode.md", functions=[], tests=[]),
+    # experiments: run the reference (or your own solutions), measure, write up; CPU budget <= 15
+    # minutes each
+    dict(number=7, title="The γ trade-off of the demo model", kind="experiment", points=5,
+         builds_on=[1, 2, 3, 4, 5], writeup="07_gamma_tradeoff.md", functions=[], tests=[]),
+    dict(number=8, title="Ablation: SBD without the NTP term", kind="experiment", points=5,
+         builds_on=[1, 2, 3, 4, 5], writeup="08_no_ntp_ablation.md", functions=[], tests=[]),
+    dict(number=9, title="Where training blocks start: block_phase 'answer' vs 'random'",
+         kind="experiment", points=5, builds_on=[1, 2, 3, 4, 5], writeup="09_block_phase.md",
+         functions=[], tests=[]),
+    dict(number=10, title="Eq. 16 on your own machine", kind="experiment", points=5,
+         builds_on=[3, 5], writeup="10_eq16_wall_clock.md", functions=[], tests=[]),
+    dict(number=11, title="Exact mode: what verification costs", kind="experiment", points=5,
+         builds_on=[1, 2, 3, 4, 5], writeup="11_exact_mode.md", functions=[], tests=[]),
 ]
 
-# Docstrings for blanked functions that have none in the source: the handout puts this text in its place, so the
-# student still gets a specification. An entry for a function that has a docstring is an error (stale entry).
+# Docstrings for blanked functions that have none in the source: the handout puts this text in its
+# place, so the student still gets a specification. An entry for a function that has a docstring is
+# an error (stale entry).
 SPECS = {}
 
 # Files of the repository that a handout leaves out: checks for course staff, not for students.

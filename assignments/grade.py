@@ -1,16 +1,19 @@
 """
-Grade the implementation assignments: run each one's tests (assignments.py) and print a points table.
+Grade the implementation assignments: run each one's tests (assignments.py) and print a points
+table.
 
-    python assignments/grade.py                      # in a handout: its assignments; in the repository: all
+    python assignments/grade.py                      # in a handout: its assignments; else all
     python assignments/grade.py --assignments 4      # only assignment 4
     python assignments/grade.py --json results.json  # also write Gradescope's results.json
 
-Works from any directory, in the repository or in a handout: it runs one pytest process per assignment in
-the repository root, found next to this file. An assignment's points are split equally over its listed
-tests; a listed test with several parametrized cases earns its share in proportion to the cases it passes
-(a skipped case counts as not passed). List module-level test functions: a test inside a class is not found.
-The JSON has one entry per listed test: {"score", "tests": [{"name", "score", "max_score", "output"}]}, plus
-"execution_time" and each assignment's seconds in "extra_data".
+Works from any directory, in the repository or in a handout: it runs one pytest process per
+assignment in the repository root, found next to this file, at one thread unless OMP_NUM_THREADS
+says otherwise. An assignment's points are split
+equally over its listed tests; a listed test with several parametrized cases earns its share in
+proportion to the cases it passes (a skipped case counts as not passed). List module-level test
+functions: a test inside a class is not found. The JSON has one entry per listed test: {"score",
+"tests": [{"name", "score", "max_score", "output"}]}, plus "execution_time" and each assignment's
+seconds in "extra_data".
 Exit status 0 when every graded test passed, 1 otherwise.
 """
 
@@ -29,21 +32,47 @@ sys.path.insert(0, HERE)
 from assignments import ASSIGNMENTS  # noqa: E402  (the list next to this file)
 
 
+def cases_of(test, node_ids):
+    """The node ids among node_ids that a listed test stands for: itself, or all its parametrized
+    cases when it names a whole test function ("tests/test_x.py::test_y" -> "...::test_y[...]")."""
+    return [n for n in node_ids if n == test or ("[" not in test and n.startswith(test + "["))]
+
+
+def collect(tests, timeout=300):
+    """-> the node ids pytest collects for the listed tests (in ROOT), without running them: the
+    cases grade() counts. A listed test that does not exist is a RuntimeError."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", "-p",
+           "no:cacheprovider", *tests]  # one -q whatever pytest.ini adds: one node id per line
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:  # a listed test that does not exist fails the whole collection
+        raise RuntimeError(f"pytest could not collect the listed tests:\n{done.stdout[-3000:]}"
+                           f"{done.stderr[-3000:]}")
+    lines = (line.strip() for line in done.stdout.splitlines())
+    return [line for line in lines if "::" in line and " " not in line]
+
+
 def run_tests(tests, timeout):
-    """Run pytest on the node ids in ROOT -> (cases {node id: failure text or None}, pytest's output, seconds)."""
+    """Run pytest on the node ids in ROOT -> (cases {node id: failure text or None}, pytest's
+    output, seconds)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *tests]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               f"--junitxml={report}", *tests]
+        # the tests' models are tiny: more threads only add overhead, and on a busy machine they
+        # wait for each other (a 2-s assignment took a minute at 2 threads on 2 shared cores)
+        env = {"OMP_NUM_THREADS": "1", **os.environ}
         t0 = time.time()
         try:
-            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                                  timeout=timeout)
             output = done.stdout + done.stderr
         except subprocess.TimeoutExpired:
             return {}, f"timed out after {timeout} s (an endless loop?)", time.time() - t0
         seconds = time.time() - t0
         cases = {}
         if os.path.exists(report):
-            for case in ET.parse(report).iter("testcase"):  # classname 'tests.test_model', name 'test_x[params]'
+            # classname 'tests.test_model', name 'test_x[params]'
+            for case in ET.parse(report).iter("testcase"):
                 node_id = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
                 problems = [p for p in case if p.tag in ("failure", "error", "skipped")]
                 cases[node_id] = "\n".join(f"{p.get('message') or p.tag}\n{p.text or ''}"
@@ -52,13 +81,13 @@ def run_tests(tests, timeout):
 
 
 def grade(assignment, timeout):
-    """-> dict(number, title, points, max_points, passed, failed, seconds, tests=[Gradescope test entries],
-    failures=[(test, cases passed, cases, first error line)])."""
+    """-> dict(number, title, points, max_points, passed, failed, seconds, tests=[Gradescope test
+    entries], failures=[(test, cases passed, cases, first error line)])."""
     cases, output, seconds = run_tests(assignment["tests"], timeout)
     share = assignment["points"] / len(assignment["tests"])
     entries, failures, passed, failed = [], [], 0, 0
     for test in assignment["tests"]:
-        mine = {n: f for n, f in cases.items() if n == test or ("[" not in test and n.startswith(test + "["))}
+        mine = {n: cases[n] for n in cases_of(test, cases)}
         ok = sum(f is None for f in mine.values())
         passed, failed = passed + ok, failed + len(mine) - ok
         if not mine:  # not run at all: a collection error, a renamed test, a timeout
@@ -68,20 +97,20 @@ def grade(assignment, timeout):
             text = "\n".join(f"{f[:2000]}\n({n})" for n, f in mine.items() if f is not None)
         if ok < len(mine) or not mine:
             failures.append((test, ok, len(mine), text.splitlines()[0]))
-        entries.append(dict(name=f"{assignment['number']}. {assignment['title']}: {test} ({ok}/{len(mine)} passed)",
-                            score=share * ok / len(mine) if mine else 0.0, max_score=share,
-                            output=text or "passed"))
-    return dict(number=assignment["number"], title=assignment["title"], max_points=assignment["points"],
-                points=sum(e["score"] for e in entries), passed=passed, failed=failed, seconds=seconds,
-                tests=entries, failures=failures)
+        name = f"{assignment['number']}. {assignment['title']}: {test} ({ok}/{len(mine)} passed)"
+        entries.append(dict(name=name, score=share * ok / len(mine) if mine else 0.0,
+                            max_score=share, output=text or "passed"))
+    return dict(number=assignment["number"], title=assignment["title"],
+                max_points=assignment["points"], points=sum(e["score"] for e in entries),
+                passed=passed, failed=failed, seconds=seconds, tests=entries, failures=failures)
 
 
 def print_table(results):
     print(f"{'assignment':52s} {'points':>11s} {'passed':>7s} {'failed':>7s} {'seconds':>8s}")
     for r in results:
         name = f"{r['number']}. {r['title']}"[:52]
-        print(f"{name:52s} {r['points']:5.1f}/{r['max_points']:<5g} {r['passed']:7d} {r['failed']:7d} "
-              f"{r['seconds']:8.1f}")
+        print(f"{name:52s} {r['points']:5.1f}/{r['max_points']:<5g} {r['passed']:7d} "
+              f"{r['failed']:7d} {r['seconds']:8.1f}")
     total, most = sum(r["points"] for r in results), sum(r["max_points"] for r in results)
     print(f"{'total':52s} {total:5.1f}/{most:<5g}")
     for r in results:
@@ -92,7 +121,8 @@ def print_table(results):
 
 
 def default_selection():
-    """The handout's assignments (handout.json, written by handout.py), or every implementation assignment."""
+    """The handout's assignments (handout.json, written by handout.py), or every implementation
+    assignment."""
     path = os.path.join(HERE, "handout.json")
     if os.path.exists(path):
         with open(path) as f:
@@ -101,12 +131,17 @@ def default_selection():
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--assignments", default=None, help="comma-separated numbers, e.g. 4 or 1,2,3")
-    parser.add_argument("--json", default=None, help="write Gradescope's results.json format to this file")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds allowed per assignment's tests")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--assignments", default=None,
+                        help="comma-separated numbers, e.g. 4 or 1,2,3")
+    parser.add_argument("--json", default=None,
+                        help="write Gradescope's results.json format to this file")
+    parser.add_argument("--timeout", type=float, default=300,
+                        help="seconds allowed per assignment's tests")
     args = parser.parse_args()
-    numbers = [int(n) for n in args.assignments.split(",")] if args.assignments else default_selection()
+    numbers = ([int(n) for n in args.assignments.split(",")] if args.assignments
+               else default_selection())
     by_number = {a["number"]: a for a in ASSIGNMENTS}
     unknown = [n for n in numbers if n not in by_number]
     if unknown:
@@ -114,7 +149,8 @@ if __name__ == "__main__":
     chosen = [by_number[n] for n in numbers if by_number[n]["kind"] == "implementation"]
     for n in numbers:
         if by_number[n]["kind"] != "implementation":
-            print(f"assignment {n} is an experiment: written up and graded by hand ({by_number[n]['writeup']})")
+            print(f"assignment {n} is an experiment: written up and graded by hand "
+                  f"({by_number[n]['writeup']})")
     results = [grade(a, args.timeout) for a in chosen]
     print_table(results)
     if args.json:
@@ -122,6 +158,7 @@ if __name__ == "__main__":
             json.dump(dict(score=round(sum(r["points"] for r in results), 4),
                            execution_time=round(sum(r["seconds"] for r in results), 1),
                            tests=[t for r in results for t in r["tests"]],
-                           extra_data=dict(seconds={r["number"]: round(r["seconds"], 1) for r in results})),
+                           extra_data=dict(seconds={r["number"]: round(r["seconds"], 1)
+                                                    for r in results})),
                       f, indent=1)
     sys.exit(0 if all(r["failed"] == 0 for r in results) else 1)

@@ -1,16 +1,18 @@
 """
 Write a student copy of this repository with some assignments' functions blanked.
 
-    python assignments/handout.py ../sbd-handout                    # all implementation assignments (1-6)
+    python assignments/handout.py ../sbd-handout                    # assignments 1-6 blanked
     python assignments/handout.py ../sbd-handout --assignments 1,4  # only these
+    python assignments/handout.py --measure   # lines each assignment leaves to the student
 
-The copy holds the repository's files (tracked, plus new files git does not ignore; no .git, no virtual
-environment, no out*/ runs, no generated data). Each function that assignments.py names for the chosen
-assignments keeps its signature and docstring (the specification); the rest of its body becomes
+The copy holds the repository's files (tracked, plus new files git does not ignore; no .git, no
+virtual environment, no out*/ runs, no generated data). Each function that assignments.py names for
+the chosen assignments keeps its signature and docstring (the specification); the rest of its body
+becomes
     raise NotImplementedError("assignment N: file:name")
-The function is found on the syntax tree (ast) and exactly the lines of its body after the docstring are
-replaced, so every other line of every file stays as it is: the source needs no solution markers.
-There is no solutions mode to generate: the solutions are this repository.
+The function is found on the syntax tree (ast) and exactly the lines of its body after the docstring
+are replaced, so every other line of every file stays as it is: the source needs no solution
+markers. There is no solutions mode to generate: the solutions are this repository.
 """
 
 import argparse
@@ -26,7 +28,6 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from assignments import ASSIGNMENTS, SPECS, STAFF_ONLY  # noqa: E402  (the list next to this file)
 
-
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
@@ -34,7 +35,8 @@ def find_function(tree, qualname):
     """The FunctionDef of 'f' or 'Class.f' at the top level of a module, or None."""
     node = tree
     for part in qualname.split("."):
-        found = [n for n in getattr(node, "body", []) if isinstance(n, DEFINITIONS) and n.name == part]
+        found = [n for n in getattr(node, "body", [])
+                 if isinstance(n, DEFINITIONS) and n.name == part]
         if not found:
             return None
         node = found[-1]  # a later definition replaces an earlier one, as when Python runs the file
@@ -48,19 +50,25 @@ def docstring_of(func):
 
 
 def body_lines(text, path, qualname):
-    """-> (first, end, indent, has_docstring): the function's body after its docstring is lines[first:end]
-    (0-based, end exclusive), including comment lines indented under it; indent = the body's indentation."""
+    """-> (first, end, indent, has_docstring): the function's body after its docstring is
+    lines[first:end] (0-based, end exclusive), including comment lines indented under it; indent =
+    the body's indentation."""
     func = find_function(ast.parse(text, filename=path), qualname)
     if func is None:
-        raise SystemExit(f"error: {path}:{qualname} does not exist (renamed? update assignments/assignments.py)")
+        raise SystemExit(f"error: {path}:{qualname} does not exist (renamed? update "
+                         "assignments/assignments.py)")
     doc = docstring_of(func)
     if doc is not None and len(func.body) == 1:
         raise SystemExit(f"error: {path}:{qualname} has nothing but a docstring to blank")
     start = func.body[1] if doc is not None else func.body[0]
     if start.lineno == func.lineno or (doc is not None and start.lineno == doc.end_lineno):
-        raise SystemExit(f"error: {path}:{qualname} must have its body on lines of its own to be blanked")
+        raise SystemExit(f"error: {path}:{qualname} must have its body on lines of its own to be "
+                         "blanked")
     lines = text.splitlines(keepends=True)
-    indented_comment = lambda line: line.lstrip().startswith("#") and len(line) - len(line.lstrip()) > func.col_offset
+
+    def indented_comment(line):
+        return line.lstrip().startswith("#") and len(line) - len(line.lstrip()) > func.col_offset
+
     if doc is not None:
         first = doc.end_lineno  # 0-based index of the line after the docstring
     else:  # and the comment lines between the signature and the first statement
@@ -68,7 +76,7 @@ def body_lines(text, path, qualname):
         while first - 1 >= func.lineno and indented_comment(lines[first - 1]):
             first -= 1
     end = func.end_lineno
-    for j in range(func.end_lineno, len(lines)):  # comments indented under the function after its last statement
+    for j in range(func.end_lineno, len(lines)):  # comments indented under it after its end
         if indented_comment(lines[j]):
             end = j + 1
         elif lines[j].strip():
@@ -91,15 +99,17 @@ def blank_file(text, path, targets):
         first, end, indent, has_doc = body_lines(text, path, qualname)
         name = f"{path}:{qualname}"
         if has_doc and name in SPECS:
-            raise SystemExit(f"error: {name} has a docstring now: remove its entry from SPECS in assignments.py")
+            raise SystemExit(f"error: {name} has a docstring now: remove its entry from SPECS in "
+                             "assignments.py")
         if not has_doc and name not in SPECS:
-            raise SystemExit(f"error: {name} has no docstring to serve as its specification: add one to the "
-                             "source, or an entry to SPECS in assignments.py")
+            raise SystemExit(f"error: {name} has no docstring to serve as its specification: add "
+                             "one to the source, or an entry to SPECS in assignments.py")
         new = spec_docstring(name, indent) if name in SPECS else []
         new.append(f'{indent}raise NotImplementedError("assignment {number}: {name}")\n')
         spans.append((first, end, new))
     lines = text.splitlines(keepends=True)
-    for first, end, new in sorted(spans, reverse=True):  # from the bottom up, so earlier line numbers stay valid
+    # from the bottom up, so that earlier line numbers stay valid
+    for first, end, new in sorted(spans, reverse=True):
         lines[first:end] = new
     blanked = "".join(lines)
     ast.parse(blanked, filename=path)  # still valid Python
@@ -107,24 +117,29 @@ def blank_file(text, path, targets):
 
 
 def repository_files(root):
-    """Files a handout copies: tracked, plus untracked ones .gitignore does not exclude, minus STAFF_ONLY."""
+    """Files a handout copies: tracked, plus untracked ones .gitignore does not exclude, minus
+    STAFF_ONLY."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], cwd=root,
                                 capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        raise SystemExit(f"error: {root} is not a git checkout; make handouts from a clone of the repository")
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"error: {root} is not a git checkout; make handouts from a clone of the "
+                         "repository") from e
     files = sorted(set(f for f in listed.split("\0") if f))
     return [f for f in files if f not in STAFF_ONLY and os.path.isfile(os.path.join(root, f))]
 
 
 def targets_by_file(numbers):
-    """{file: [(assignment number, qualname), ...]} for the chosen assignments; a function named twice is an error."""
+    """{file: [(assignment number, qualname), ...]} for the chosen assignments; a function named
+    twice is an error."""
     by_file, seen = {}, {}
     for a in ASSIGNMENTS:
         if a["number"] in numbers:
             for name in a["functions"]:
                 if name in seen:
-                    raise SystemExit(f"error: {name} is in assignments {seen[name]} and {a['number']}")
+                    raise SystemExit(f"error: {name} is in assignments {seen[name]} and "
+                                     f"{a['number']}")
                 seen[name] = a["number"]
                 path, qualname = name.split(":")
                 by_file.setdefault(path, []).append((a["number"], qualname))
@@ -136,12 +151,14 @@ def make_handout(dest, numbers, root=ROOT):
     if os.path.exists(dest) and os.listdir(dest):
         raise SystemExit(f"error: {dest} exists and is not empty")
     if os.path.commonpath([dest, root]) == root:
-        raise SystemExit(f"error: write the handout outside the repository (e.g. {os.path.dirname(root)}/handout)")
+        raise SystemExit("error: write the handout outside the repository (e.g. "
+                         f"{os.path.dirname(root)}/handout)")
     by_file = targets_by_file(numbers)
     files = repository_files(root)
     missing = sorted(set(by_file) - set(files))
     if missing:
-        raise SystemExit(f"error: assignments.py names functions in {missing}, which the repository does not have")
+        raise SystemExit(f"error: assignments.py names functions in {missing}, which the "
+                         "repository does not have")
     for f in files:
         src, dst = os.path.join(root, f), os.path.join(dest, f)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -151,11 +168,78 @@ def make_handout(dest, numbers, root=ROOT):
                 text = fh.read()
             with open(dst, "w", encoding="utf-8") as fh:
                 fh.write(blank_file(text, f, by_file[f]))
-    with open(os.path.join(dest, "assignments", "handout.json"), "w") as fh:  # grade.py's default selection
+    # grade.py's default selection
+    with open(os.path.join(dest, "assignments", "handout.json"), "w") as fh:
         json.dump({"assignments": sorted(numbers)}, fh)
     n_blanked = sum(len(t) for t in by_file.values())
-    print(f"wrote {len(files)} files to {dest}: assignments {sorted(numbers)}, {n_blanked} functions blanked")
+    print(f"wrote {len(files)} files to {dest}: assignments {sorted(numbers)}, {n_blanked} "
+          "functions blanked")
     print(f"students: cd {dest} && python assignments/grade.py")
+
+
+def code_lines(lines):
+    """Lines that hold code: not blank, not only a comment."""
+    return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def measure(numbers, root=ROOT):
+    """How much of each chosen assignment the handout gives away -> [(number, lines the student
+    writes, {helper: its lines})]: the code lines of the blanked bodies (the reference solution),
+    and the functions of the repository that those bodies use by name and that no assignment
+    blanks (given helpers: a function of the same file, or one imported from another file of the
+    repository), with their code lines after the docstring."""
+    texts, trees = {}, {}
+
+    def parsed(path):
+        if path not in texts:
+            with open(os.path.join(root, path), encoding="utf-8") as f:
+                texts[path] = f.read()
+            trees[path] = ast.parse(texts[path], filename=path)
+        return texts[path], trees[path]
+
+    def resolve(path, name):
+        """'file:function' of a name used in path, if it is a function of the repository."""
+        _, tree = parsed(path)
+        if find_function(tree, name) is not None:
+            return f"{path}:{name}"
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                source = node.module.replace(".", "/") + ".py"
+                imported = any(a.name == name and a.asname is None for a in node.names)
+                if imported and os.path.exists(os.path.join(root, source)):
+                    return resolve(source, name)
+        return None
+
+    def body_code_lines(name):
+        path, qualname = name.split(":")
+        text, _ = parsed(path)
+        first, end, _, _ = body_lines(text, path, qualname)
+        return code_lines(text.splitlines()[first:end])
+
+    assigned = {f for a in ASSIGNMENTS for f in a["functions"]}  # any assignment's: not given
+    results = []
+    for a in ASSIGNMENTS:
+        if a["number"] not in numbers or a["kind"] != "implementation":
+            continue
+        helpers = {}
+        for name in a["functions"]:
+            path, qualname = name.split(":")
+            for node in ast.walk(find_function(parsed(path)[1], qualname)):
+                found = resolve(path, node.id) if isinstance(node, ast.Name) else None
+                if found and found not in assigned:
+                    helpers[found] = body_code_lines(found)
+        results.append((a["number"], sum(body_code_lines(f) for f in a["functions"]), helpers))
+    return results
+
+
+def print_measure(results):
+    print(f"{'assignment':>10s} {'you write':>10s} {'helpers':>8s}  "
+          "given helpers the solution uses")
+    for number, student, helpers in results:
+        names = [f"{n.split(':')[1]} {c}" for n, c in sorted(helpers.items())] or ["-"]
+        rows = [", ".join(names[i:i + 5]) for i in range(0, len(names), 5)]
+        print(f"{number:10d} {student:10d} {sum(helpers.values()):8d}  " + f"\n{'':32s}".join(rows))
+    print("(code lines: not blank, not only a comment, docstrings left out)")
 
 
 def parse_numbers(text):
@@ -167,11 +251,23 @@ def parse_numbers(text):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dest", help="directory to write the handout to (new or empty, outside the repository)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dest", nargs="?",
+                        help="directory to write the handout to (new or empty, outside the "
+                             "repository)")
     parser.add_argument("--assignments", default=None,
-                        help="comma-separated assignment numbers, e.g. 1,4 (default: every implementation assignment)")
+                        help="comma-separated assignment numbers, e.g. 1,4 (default: every "
+                             "implementation assignment)")
+    parser.add_argument("--measure", action="store_true",
+                        help="write nothing: print how many lines each assignment leaves to the "
+                             "student and which given helpers its solution calls")
     args = parser.parse_args()
     chosen = (parse_numbers(args.assignments) if args.assignments else
               {a["number"] for a in ASSIGNMENTS if a["kind"] == "implementation"})
-    make_handout(args.dest, chosen)
+    if args.measure:
+        print_measure(measure(chosen))
+    elif args.dest:
+        make_handout(args.dest, chosen)
+    else:
+        parser.error("give a directory to write the handout to, or --measure")

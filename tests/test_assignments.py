@@ -1,25 +1,36 @@
 """
-The course assignments (assignments/): handouts made by handout.py and graded by grade.py, checked as course
-staff need them to be. Handouts are made once per module into a temporary directory:
+The course assignments (assignments/): handouts made by handout.py and graded by grade.py, checked
+as course staff need them to be. Handouts are made once per module into a temporary directory:
 
-- a stub never passes: on a handout where only assignment n is blanked, every test of n fails, and fails
-  with the NotImplementedError naming assignment n (not with an import error or a renamed test);
-- no assignment needs a later one, and the reference gets full points: n's tests pass, in under 20 s, on a
-  handout where only the assignments after n are blanked (the code they run is the reference's);
-- no solution leaks: no line of a blanked body (20 characters or more once whitespace is removed, with or
-  without its comment) appears in a handout more often than the code the handout keeps has it anyway (a line
-  such as a call of a given helper may also stand in a given function); the bodies are found here with ast,
-  independently of handout.py;
-- a handout imports cleanly: its modules import (train.py and sample.py are scripts that run on import, so
-  every .py file is compiled instead), its tests collect, and the main command (train.py, tiny settings, with
-  the report on 2 problems so that decoding runs too) either runs through or fails with the NotImplementedError
-  of an assignment the handout blanks;
-- the list is consistent: write-ups exist and name their functions, SPECS only fills missing docstrings.
+- a stub never passes: on a handout where only assignment n is blanked, every test of n fails, and
+  fails with the NotImplementedError naming assignment n (not with an import error or a renamed
+  test);
+- no assignment needs a later one, and the reference gets full points: n's tests pass, in under
+  20 s, on a handout where only the assignments after n are blanked (the code they run is the
+  reference's);
+- no solution leaks: no line of a blanked body (20 characters or more once whitespace is removed,
+  with or without its comment) appears in a handout more often than the code the handout keeps has
+  it anyway (a line such as a call of a given helper may also stand in a given function); the
+  bodies are found here with ast, independently of handout.py;
+- a handout imports cleanly: its modules import (train.py and sample.py are scripts that run on
+  import, so every .py file is compiled instead), its tests collect, and the main command
+  (train.py, tiny settings, with the report on 2 problems so that decoding runs too) either runs
+  through or fails with the NotImplementedError of an assignment the handout blanks;
+- the list is consistent: write-ups exist and name their functions, SPECS only fills missing
+  docstrings;
+- a write-up says what the code and the grader do: the signature block under "## What to write"
+  holds exactly the blanked functions, each with the signature inspect.signature finds in the code
+  and a docstring of shapes that a call of the reference satisfies; "N tests (M cases)" is what
+  grade.py collects; the title's points are the list's; "about N lines of code to write" is what
+  handout.py --measure counts, within 20%. Each check is shown to fail on a write-up changed to
+  say something else.
 Every subprocess runs with OMP_NUM_THREADS=1.
 """
 
 import ast
+import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -29,27 +40,46 @@ import sys
 from collections import Counter
 
 import pytest
+import torch
+
+import model as model_lib
+import sampling
+import sbd
+from tiny_models import random_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("course_list", os.path.join(ROOT, "assignments", "assignments.py"))
-course = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(course)
+
+
+def load(name, file):
+    """A module of assignments/ by its path (they import each other by name, not as a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "assignments", file))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+course = load("course_list", "assignments.py")
+grader = load("course_grade", "grade.py")
+handout = load("course_handout", "handout.py")
 IMPLEMENTED = [a["number"] for a in course.ASSIGNMENTS if a["kind"] == "implementation"]
 BY_NUMBER = {a["number"]: a for a in course.ASSIGNMENTS}
-ON_MAIN_PATH = {1, 2, 3, 4, 5}  # what train.py config/sbd_small.py runs (the GPT demo never builds a Llama: not 6)
+ON_MAIN_PATH = {1, 2, 3, 4, 5}  # what train.py config/sbd_small.py runs (never a Llama: not 6)
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def run(args, cwd, timeout=300):
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def make_handout(dest, numbers):
-    """-> (directory, blanked assignment numbers, the files handout.py wrote, relative to the directory)."""
+    """-> (directory, blanked assignment numbers, the files handout.py wrote, relative to the
+    directory)."""
     done = run([os.path.join(ROOT, "assignments", "handout.py"), str(dest),
                 "--assignments", ",".join(map(str, numbers))], cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    files = [os.path.relpath(os.path.join(folder, f), dest) for folder, _, names in os.walk(dest) for f in names]
+    files = [os.path.relpath(os.path.join(folder, f), dest)
+             for folder, _, names in os.walk(dest) for f in names]
     return dest, numbers, files
 
 
@@ -67,8 +97,9 @@ def handouts(tmp_path_factory):
 def grade(root, numbers, tmp_path):
     """Run root's grade.py -> (Gradescope results dict, printed table)."""
     results = tmp_path / f"results_{'_'.join(map(str, numbers))}.json"
-    done = run([os.path.join(root, "assignments", "grade.py"), "--assignments", ",".join(map(str, numbers)),
-                "--json", str(results)], cwd=tmp_path, timeout=600)  # from another directory: it finds its root
+    done = run([os.path.join(root, "assignments", "grade.py"), "--assignments",
+                ",".join(map(str, numbers)), "--json", str(results)],
+               cwd=tmp_path, timeout=600)  # from another directory: it finds its root
     assert results.exists(), done.stdout + done.stderr
     return json.loads(results.read_text()), done.stdout
 
@@ -86,9 +117,10 @@ def test_a_stub_never_passes(n, handouts, tmp_path):
 
 @pytest.mark.parametrize("n", IMPLEMENTED)
 def test_full_points_without_any_later_assignment(n, handouts, tmp_path):
-    """n's tests pass, in under 20 s, on a handout where every assignment after n is blanked: so they need
-    nothing later, and they pass on the reference (the code they run is the reference's). After the last
-    assignment nothing is blanked: its handout is the repository itself."""
+    """n's tests pass, in under 20 s, on a handout where every assignment after n is blanked: so
+    they need nothing later, and they pass on the reference (the code they run is the
+    reference's). After the last assignment nothing is blanked: its handout is the repository
+    itself."""
     root = handouts[f"after {n}"][0] if n != IMPLEMENTED[-1] else ROOT
     results, table = grade(root, [n], tmp_path)
     assert results["score"] == BY_NUMBER[n]["points"], table
@@ -105,12 +137,14 @@ def squeeze(line):
 
 
 def pieces(line):
-    """What the leak check looks for: the line and its code without the comment, whitespace removed."""
+    """What the leak check looks for: the line and its code without the comment, whitespace
+    removed."""
     return {p for p in (squeeze(line), squeeze(line.split("  #")[0])) if len(p) >= 20}
 
 
 def body_of(text, qualname):
-    """(first, end): 0-based line range of a function's body after its docstring, found with ast."""
+    """(first, end): 0-based line range of a function's body after its docstring, found with
+    ast."""
     node = ast.parse(text)
     for part in qualname.split("."):
         node = next(n for n in node.body if getattr(n, "name", None) == part)
@@ -121,8 +155,8 @@ def body_of(text, qualname):
 
 
 def leaks(directory, numbers, files):
-    """Lines of the bodies blanked for `numbers` that `files` (in directory) hold more often than the code a
-    handout keeps (the reference files without those bodies)."""
+    """Lines of the bodies blanked for `numbers` that `files` (in directory) hold more often than
+    the code a handout keeps (the reference files without those bodies)."""
     blanked = {}  # {file: [qualname, ...]}
     for n in numbers:
         for function in BY_NUMBER[n]["functions"]:
@@ -138,9 +172,10 @@ def leaks(directory, numbers, files):
             lines = f.read().splitlines()
         spans = [body_of("\n".join(lines), qualname) for qualname in blanked.get(path, [])]
         bodies += [(path, lines[i]) for first, end in spans for i in range(first, end)]
-        kept.update(p for i, line in enumerate(lines) if not any(first <= i < end for first, end in spans)
-                    for p in pieces(line))
-    return [f"{path}: {line.strip()}" for path, line in bodies if any(in_handout[p] > kept[p] for p in pieces(line))]
+        kept.update(p for i, line in enumerate(lines)
+                    if not any(first <= i < end for first, end in spans) for p in pieces(line))
+    return [f"{path}: {line.strip()}" for path, line in bodies
+            if any(in_handout[p] > kept[p] for p in pieces(line))]
 
 
 def test_no_solution_leaks(handouts, tmp_path):
@@ -158,21 +193,26 @@ def test_handout_imports_collects_and_keeps_the_rest(handouts):
             if f.endswith(".py"):
                 path = os.path.join(folder, f)
                 with open(path) as fh:
-                    compile(fh.read(), path, "exec")  # scripts included (train.py, sample.py run on import)
-    done = run(["-c", "import model, sbd, load_llama, task, tokenizer, configurator, evaluate"], cwd=directory)
+                    compile(fh.read(), path, "exec")  # scripts too (train.py runs on import)
+    done = run(["-c", "import model, sbd, load_llama, task, tokenizer, configurator, evaluate"],
+               cwd=directory)
     assert done.returncode == 0, done.stderr
-    done = run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"], cwd=directory)
+    done = run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+               cwd=directory)
     assert done.returncode == 0, done.stdout[-3000:]
-    for f in ("train.py", "README.md", "tests/test_model.py", "assignments/grade.py"):  # unblanked files: as they are
+    # unblanked files: as they are
+    for f in ("train.py", "README.md", "tests/test_model.py", "assignments/grade.py"):
         with open(os.path.join(ROOT, f)) as a, open(os.path.join(directory, f)) as b:
             assert a.read() == b.read(), f
-    assert not os.path.exists(os.path.join(directory, ".git")) and not os.path.exists(os.path.join(directory, ".venv"))
+    assert not os.path.exists(os.path.join(directory, ".git"))
+    assert not os.path.exists(os.path.join(directory, ".venv"))
     assert not any(os.path.exists(os.path.join(directory, f)) for f in course.STAFF_ONLY)
 
 
 @pytest.fixture(scope="module")
 def addition_data(handouts):
-    """train.py makes data/addition on first use (~3 s); the handouts share one copy, made here once."""
+    """train.py makes data/addition on first use (~3 s); the handouts share one copy, made here
+    once."""
     directory = handouts["all"][0]
     done = run(["data/addition/prepare.py"], cwd=directory)
     assert done.returncode == 0, done.stderr
@@ -184,10 +224,11 @@ def test_main_command_fails_only_with_the_assignment(name, handouts, addition_da
     directory, numbers, _ = handouts[name]
     for f in os.listdir(addition_data):
         if not os.path.exists(os.path.join(directory, "data", "addition", f)):
-            shutil.copy(os.path.join(addition_data, f), os.path.join(directory, "data", "addition", f))
-    done = run(["train.py", "config/sbd_small.py", f"--out_dir={tmp_path}", "--ntp_iters=2", "--sbd_iters=2",
-                "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8", "--sbd_batch_size=8",
-                "--eval_interval=100", "--report_problems=2"], cwd=directory)
+            shutil.copy(os.path.join(addition_data, f),
+                        os.path.join(directory, "data", "addition", f))
+    done = run(["train.py", "config/sbd_small.py", f"--out_dir={tmp_path}", "--ntp_iters=2",
+                "--sbd_iters=2", "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=8",
+                "--sbd_batch_size=8", "--eval_interval=100", "--report_problems=2"], cwd=directory)
     if not set(numbers) & ON_MAIN_PATH:
         assert done.returncode == 0, done.stderr[-3000:]
         return
@@ -197,6 +238,11 @@ def test_main_command_fails_only_with_the_assignment(name, handouts, addition_da
 
 # -----------------------------------------------------------------------------
 # the list itself
+
+
+def writeup(a):
+    with open(os.path.join(ROOT, "assignments", a["writeup"]), encoding="utf-8") as f:
+        return f.read()
 
 
 def test_the_list_is_consistent():
@@ -210,8 +256,299 @@ def test_the_list_is_consistent():
     for a in course.ASSIGNMENTS:
         assert all(b < a["number"] for b in a["builds_on"])
         assert a["writeup"] in index, f"assignments/README.md does not link {a['writeup']}"
-        with open(os.path.join(ROOT, "assignments", a["writeup"])) as f:
-            writeup = f.read()
+        text = writeup(a)
         for name in a["functions"]:
-            assert name in writeup, f"{a['writeup']} does not mention {name}"
+            assert name in text, f"{a['writeup']} does not mention {name}"
         assert bool(a["tests"]) == (a["kind"] == "implementation")
+
+# -----------------------------------------------------------------------------
+# the write-ups against the code and the grader
+
+# the signature block: the first ```python block of the section "## What to write"
+BLOCK = re.compile(r"^## What to write\n(?:(?!^## ).)*?^```python\n(.*?)^```", re.M | re.S)
+FILE_COMMENT = re.compile(r"# (\S+\.py)")
+TITLE = re.compile(r"# Assignment (\d+): .*\((\d+) points\)")
+COUNTS = re.compile(r"(\d+)\s+tests\s+\((\d+)\s+cases\)")  # a phrase may wrap: \s+
+SIZE = re.compile(r"about\s+(\d+)\s+lines\s+of\s+code\s+to\s+write;\s+(\d+)\s+lines\s+of\s+given"
+                  r"\s+helpers\s+to\s+call")
+ITEM = re.compile(r"(\w+)(?:\s*\((.*)\))?(?:\s+(bool|long|float))?")
+DTYPES = {"bool": lambda t: t.dtype == torch.bool, "long": lambda t: t.dtype == torch.long,
+          "float": lambda t: t.is_floating_point()}
+
+
+def stated_functions(text):
+    """{'file:qualname': (stub function, its docstring)} of a write-up's signature block. The
+    block is Python: '# file.py' comment lines name the file of the definitions below them, each
+    function has the signature of the code and a docstring of shapes, methods sit in their class."""
+    found = BLOCK.search(text)
+    if found is None:
+        raise ValueError("no ```python block under '## What to write'")
+    block = found.group(1)
+    tree = ast.parse(block)
+    namespace = {}
+    exec(compile(tree, "<signature block>", "exec"), namespace)
+    files = {i + 1: m.group(1) for i, line in enumerate(block.splitlines())
+             if (m := FILE_COMMENT.fullmatch(line.strip()))}
+    stated = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            defs = [(f, f"{node.name}.{f.name}") for f in node.body
+                    if isinstance(f, ast.FunctionDef)]
+        else:
+            defs = [(node, node.name)] if isinstance(node, ast.FunctionDef) else []
+        above = [line for line in files if line < node.lineno]
+        for f, qualname in defs:
+            if not above:
+                raise ValueError(f"{qualname}: no '# file.py' line above it")
+            stub = namespace
+            for part in qualname.split("."):
+                stub = stub[part] if isinstance(stub, dict) else getattr(stub, part)
+            stated[f"{files[max(above)]}:{qualname}"] = (stub, ast.get_docstring(f) or "")
+    return stated
+
+
+def code_function(name):
+    """The function of the repository that 'file:qualname' names."""
+    path, qualname = name.split(":")
+    found = importlib.import_module(path[:-3].replace("/", "."))
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def parse_items(side):
+    """'x (B, L) long, y, mask (T, T) bool' -> [(name, dims or None, dtype or None)]."""
+    items, depth, current = [], 0, ""
+    for char in side + ",":
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            match = ITEM.fullmatch(current.strip())
+            if match is None:
+                raise ValueError(f"cannot read {current.strip()!r} (want: name (dims) dtype)")
+            name, dims, dtype = match.groups()
+            dims = None if dims is None else [d.strip() for d in dims.split(",") if d.strip()]
+            items.append((name, dims, dtype))
+            current = ""
+        else:
+            current += char
+    return items
+
+
+def shape_problems(function, doc, kwargs, symbols):
+    """What is wrong with doc ('inputs -> outputs') for a call function(**kwargs) of the
+    reference. Input dims that are plain names bind to the sizes of the arguments (as do int
+    arguments of that name); every other dim is evaluated with those bindings and symbols."""
+    if doc.count("->") != 1:
+        return [f"its docstring {doc!r} is not 'inputs -> outputs'"]
+    inputs, outputs = (parse_items(" ".join(side.split())) for side in doc.split("->"))
+    parameters = inspect.signature(function).parameters
+    problems = [f"input {name!r} is no parameter of the code"
+                for name, _, _ in inputs if name not in parameters]
+    symbols = dict(symbols)
+    symbols.update({n: v for n, v in kwargs.items() if type(v) is int})
+    shaped = [(name, dims, dtype, kwargs.get(name))
+              for name, dims, dtype in inputs if dims is not None]
+    for _, dims, _, value in shaped:  # bind the plain names first
+        if torch.is_tensor(value) and value.dim() == len(dims):
+            for dim, size in zip(dims, value.shape):
+                if dim.isidentifier():
+                    symbols.setdefault(dim, size)
+    with torch.no_grad():
+        result = function(**kwargs)
+    if len(outputs) > 1 and not (isinstance(result, tuple) and len(result) == len(outputs)):
+        return problems + [f"states {len(outputs)} outputs, the code returns {type(result)}"]
+    values = result if len(outputs) > 1 else (result,)
+    checks = shaped + [(name, dims, dtype, value) for (name, dims, dtype), value
+                       in zip(outputs, values) if dims is not None]
+    for name, dims, dtype, value in checks:
+        if not torch.is_tensor(value):
+            problems.append(f"{name}: a shape is stated, but the code has {type(value)}")
+            continue
+        try:
+            expected = tuple(eval(dim, {"__builtins__": {}}, symbols) for dim in dims)
+        except NameError as e:
+            problems.append(f"{name}: {e} (bind it in the example)")
+            continue
+        if tuple(value.shape) != expected:
+            problems.append(f"{name}: stated ({', '.join(dims)}) = {expected}, the code gives "
+                            f"{tuple(value.shape)}")
+        if dtype is not None and not DTYPES[dtype](value):
+            problems.append(f"{name}: stated {dtype}, the code gives {value.dtype}")
+    return problems
+
+
+def writeup_problems(a, text):
+    """What a write-up says that the code does not do: the title's points, the set of functions
+    in its signature block, each one's signature and its shapes."""
+    problems = []
+    title = TITLE.match(text)
+    if title is None or title.groups() != (str(a["number"]), str(a["points"])):
+        problems.append(f"the title line should be '# Assignment {a['number']}: ... "
+                        f"({a['points']} points)'")
+    try:
+        stated = stated_functions(text)
+    except (SyntaxError, ValueError) as e:
+        return problems + [f"signature block: {e}"]
+    if set(stated) != set(a["functions"]):
+        problems.append(f"the signature block holds {sorted(stated)}, the assignment blanks "
+                        f"{sorted(a['functions'])}")
+    for name, (stub, doc) in stated.items():
+        if name not in a["functions"]:
+            continue
+        function = code_function(name)
+        if inspect.signature(stub) != inspect.signature(function):
+            problems.append(f"{name}: the write-up says {inspect.signature(stub)}, the code has "
+                            f"{inspect.signature(function)}")
+        try:
+            example = shape_example(name)
+            problems += [f"{name}: {p}" for p in shape_problems(function, doc, *example)]
+        except ValueError as e:
+            problems.append(f"{name}: {e}")
+    return problems
+
+
+def count_problems(a, text, collected):
+    """'N tests (M cases)' in the write-up against the tests listed and the cases pytest collects
+    for them (grade.py counts the same)."""
+    cases = sum(len(grader.cases_of(test, collected)) for test in a["tests"])
+    stated = set(COUNTS.findall(text))
+    if stated != {(str(len(a["tests"])), str(cases))}:
+        return [f"{a['writeup']} says {sorted(stated)} as (tests, cases); the grader runs "
+                f"{len(a['tests'])} tests ({cases} cases)"]
+    return []
+
+
+def size_problems(a, text, measured):
+    """'about N lines of code to write; M lines of given helpers to call' against handout.py's
+    measure, within 20% (or 3 lines): a small refactor passes, a changed assignment does not."""
+    student, helpers = measured
+    stated = SIZE.findall(text)
+    if len(stated) != 1:
+        return [f"{a['writeup']} should say once 'about N lines of code to write; M lines of given "
+                "helpers to call'"]
+    problems = []
+    for what, said, actual in zip(("to write", "of helpers"), map(int, stated[0]),
+                                  (student, helpers)):
+        if abs(said - actual) > max(3, 0.2 * actual):
+            problems.append(f"{a['writeup']}: says {said} lines {what}, measured {actual} "
+                            "(python assignments/handout.py --measure)")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def collected():
+    """The node ids pytest collects for every listed test, in one collection."""
+    return grader.collect([t for a in course.ASSIGNMENTS for t in a["tests"]])
+
+
+@pytest.fixture(scope="module")
+def measured():
+    return {n: (student, sum(helpers.values()))
+            for n, student, helpers in handout.measure(IMPLEMENTED)}
+
+
+@pytest.mark.parametrize("n", IMPLEMENTED)
+def test_writeup_states_the_code(n, collected, measured):
+    a = BY_NUMBER[n]
+    text = writeup(a)
+    problems = writeup_problems(a, text) + count_problems(a, text, collected)
+    assert problems + size_problems(a, text, measured[n]) == []
+
+
+def test_the_writeup_checks_can_fail(collected, measured):
+    """Each check finds a write-up that says something else than the code: the write-up of
+    assignment 2 as it is passes, and each change below is found."""
+    a = BY_NUMBER[2]
+    text = writeup(a)
+    assert writeup_problems(a, text) == count_problems(a, text, collected) == []
+    changes = {  # what a stale write-up said (issue 28)
+        "noisy_start left out": ("noisy_start=None):", "):"),
+        "the noisy half as 2L": ("idx (B, T) long", "idx (B, 2 * L) long"),
+        "a dtype": ("is_masked (B, L) bool", "is_masked (B, L) long"),
+        "an input that is no parameter": ("maskable (B, L) bool ->", "noise (B, L) bool ->"),
+        "a function left out": ("def add_noise(", "def add_noise_old("),
+        "the points": ("(10 points)", "(15 points)"),
+    }
+    for what, (old, new) in changes.items():
+        assert old in text, what
+        assert writeup_problems(a, text.replace(old, new, 1)) != [], what
+    stated = COUNTS.search(text).group(0)
+    tests, cases = COUNTS.search(text).groups()
+    more = text.replace(stated, f"{tests} tests ({int(cases) + 1} cases)")
+    assert count_problems(a, more, collected) != []
+    size = SIZE.search(text)
+    bigger = text.replace(size.group(0), size.group(0).replace(size.group(1), "60", 1))
+    assert size_problems(a, text, measured[2]) == [] and size_problems(a, bigger, measured[2])
+
+
+def shape_example(name):
+    """Keyword arguments of one small call of name, and the sizes its arguments do not fix."""
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(2, 5, 7, generator=g), dim=-1)  # (B, k, V)
+    is_masked = torch.rand(2, 5, generator=g) < 0.6
+    x = torch.randint(0, 50, (3, 10), generator=g)
+    answer = (torch.arange(10) >= 5).expand(3, 10)
+    gpt = random_model("gpt-tiny")
+    prompt = torch.randint(0, 63, (2, 5), generator=g)
+    settings = sampling.DecodeSettings(mask_id=63, k=5, gamma=1.0)
+
+    def cache_after_prompt():
+        cache = gpt.new_cache(2, 20, "cpu")
+        gpt(prompt[:, :-1], cache=cache)  # 4 committed
+        return cache
+
+    llama_config = model_lib.LlamaConfig(**model_lib.LLAMA_PRESETS["llama-tiny"])
+    llama = random_model("llama-tiny")
+    cos, sin = model_lib.rotary_cos_sin(torch.arange(6), llama.inv_freq)
+    kv_cache = model_lib.KVCache(2, 2, 3, 4, max_len=16, device="cpu", dtype=torch.float32)
+    kv_cache.length = 5
+    phases = torch.tensor([0, 1, 2])
+    return {
+        "model.py:causal_mask": lambda: (
+            dict(q=torch.arange(3, 7)[:, None], k=torch.arange(7)[None, :]), {}),
+        "sbd.py:block_id": lambda: (dict(i=torch.arange(-3, 9), k=4, phase=1), {}),
+        "sbd.py:hybrid_mask": lambda: (
+            dict(q=torch.arange(3, 7)[:, None], kv=torch.arange(7)[None, :], block_start=5), {}),
+        "sbd.py:sbd_training_mask": lambda: (
+            dict(q=torch.arange(8)[None, :, None], kv=torch.arange(8)[None, None, :], L=6, k=4,
+                 phase=phases[:, None, None], noisy_start=4), {}),
+        "sbd.py:add_noise": lambda: (dict(x=x, mask_id=99, maskable=answer, generator=g), {}),
+        "sbd.py:sbd_inputs": lambda: (
+            dict(x=x, y=x, mask_id=99, k=4, phases=phases, maskable=answer, generator=g),
+            dict(T=2 * 10 - sbd.first_noisy_position(answer, 4, phases))),
+        "sbd.py:sbd_loss": lambda: (
+            dict(logits=torch.randn(2, 9, 7), labels=torch.randint(0, 7, (2, 9)), L=6), {}),
+        "model.py:KVCache.extend": lambda: (
+            dict(self=kv_cache, layer=1, k_new=torch.randn(2, 3, 6, 4),
+                 v_new=torch.randn(2, 3, 6, 4), n_commit=2), dict(L=kv_cache.length)),
+        "sampling.py:entropy": lambda: (dict(probs=probs), {}),
+        "sampling.py:entropy_bound": lambda: (
+            dict(h_sorted=torch.rand(2, 5), masked_sorted=is_masked, gamma=0.5), {}),
+        "sampling.py:reveal_entropy": lambda: (dict(probs=probs, is_masked=is_masked, gamma=0.5),
+                                               {}),
+        "sampling.py:reveal_confidence": lambda: (
+            dict(probs=probs, is_masked=is_masked, gamma=0.5), {}),
+        "sampling.py:reveal_factor": lambda: (dict(probs=probs, is_masked=is_masked, f=1.0), {}),
+        "generate.py:block_forward": lambda: (
+            dict(model=gpt, cache=cache_after_prompt(), prev=prompt[:, -1:],
+                 block=torch.full((2, 5), 63)), dict(V=gpt.config.vocab_size)),
+        "generate.py:decode_block": lambda: (
+            dict(model=gpt, cache=cache_after_prompt(), prev=prompt[:, -1:], kb=5,
+                 active=torch.ones(2, dtype=torch.bool), settings=settings,
+                 stop=torch.tensor([0])), {}),
+        "generate.py:sbd_generate": lambda: (
+            dict(model=gpt, prompt=prompt, settings=settings, max_new_tokens=8), {}),
+        "model.py:rope_frequencies": lambda: (dict(config=llama_config),
+                                              dict(head_dim=llama_config.head_dim)),
+        "model.py:apply_rotary": lambda: (
+            dict(x=torch.randn(2, 3, 6, llama_config.head_dim), cos=cos, sin=sin), {}),
+        "model.py:LlamaAttention.forward": lambda: (
+            dict(self=llama.layers[0].attention, x=torch.randn(2, 6, llama_config.dim), cos=cos,
+                 sin=sin, layer=0, mask=None, cache=None, n_commit=6),
+            dict(head_dim=llama_config.head_dim)),
+        "load_llama.py:hf_permute": lambda: (dict(w=torch.randn(16, 12), n_heads=2),
+                                             dict(head_dim=8)),
+        "load_llama.py:hf_unpermute": lambda: (dict(w=torch.randn(16, 12), n_heads=2),
+                                               dict(head_dim=8)),
+    }[name]()
+
