@@ -1,12 +1,12 @@
 """
 NTP and SBD decoding through the KV cache, checked against uncached references written out here.
 
-The SBD reference decodes one row with no cache at all: every forward recomputes the whole sequence
-[prompt ; committed blocks ; block] with a dense hybrid mask. Cached decoding must match it token for
-token AND forward for forward (the same positions revealed at every step), which it can only do if the
-cache holds exactly the causal prefix: a cache that kept block keys, or missed a committed block, fails.
-Models are tiny, random and in float64, so that cached and uncached logits agree to ~1e-12 and no argmax
-or entropy comparison can flip on rounding.
+The SBD reference decodes one row with no cache at all: every forward recomputes the whole
+sequence [prompt ; committed blocks ; block] with a dense hybrid mask. Cached decoding must match it
+token for token AND forward for forward (the same positions revealed at every step), which it can
+only do if the cache holds exactly the causal prefix: a cache that kept block keys, or missed a
+committed block, fails. Models are tiny, random and in float64, so that cached and uncached logits
+agree to ~1e-12 and no argmax or entropy comparison can flip on rounding.
 """
 
 import dataclasses
@@ -17,18 +17,18 @@ import sys
 import pytest
 import torch
 
-import model as model_lib
-import tiny_models
-import sbd
-import settings as settings_lib
-from model import dense_mask, load_checkpoint
-from sbd import hybrid_mask
 import exact
 import generate
+import model as model_lib
 import sampling
+import settings as settings_lib
+import tiny_models
+from model import dense_mask
+from sbd import hybrid_mask
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
-GAMMA = {"gpt-tiny": 1.5, "llama-tiny": 2.0}  # moderate for these random models: 1-4 reveals per forward
+# moderate for these random models: 1-4 reveals per forward
+GAMMA = {"gpt-tiny": 1.5, "llama-tiny": 2.0}
 
 
 def random_model(family, seed=0):
@@ -38,6 +38,11 @@ def random_model(family, seed=0):
 
 def mask_id_of(m):
     return m.config.vocab_size - 1  # the last id plays the mask token
+
+
+def decode_settings(m, **fields):
+    """DecodeSettings with the test model's mask token and the given fields."""
+    return sampling.DecodeSettings(mask_id=mask_id_of(m), **fields)
 
 
 def random_prompts(m, B, T0, seed=0):
@@ -63,8 +68,8 @@ def reference_ntp(m, prompt_row, max_new_tokens, stop_ids=()):
 @torch.no_grad()
 def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=(), first_from_ntp=True):
     """Greedy SBD of one row with no cache. Returns (tokens, forwards): forwards[i] = (block start,
-    sorted positions revealed) of the i-th forward. first_from_ntp=False: the paper's Algorithm 3, where the
-    block's first slot is a mask like the others."""
+    sorted positions revealed) of the i-th forward. first_from_ntp=False: the paper's Algorithm 3,
+    where the block's first slot is a mask like the others."""
     mask_id, seq, out, forwards = mask_id_of(m), list(prompt_row), [], []
     while len(out) < max_new_tokens:
         block = [mask_id] * min(k, max_new_tokens - len(out))
@@ -74,7 +79,8 @@ def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=(), fi
             logits = uncached_block_logits(m, seq + out, block)  # (kb, V)
             logits[:, mask_id] = float("-inf")
             revealed = [False] * len(block)
-            if first and first_from_ntp:  # the block's first token is NTP's greedy token after the prefix
+            # the block's first token is NTP's greedy token after the prefix
+            if first and first_from_ntp:
                 block[0], masked[0], revealed[0] = next_token(m, seq + out, mask_id), False, True
             first = False
             probs = torch.softmax(logits, dim=-1)[None]  # (1, kb, V)
@@ -91,14 +97,16 @@ def reference_sbd(m, prompt_row, k, gamma, rule, max_new_tokens, stop_ids=(), fi
 
 
 def next_token(m, prefix, mask_id):
-    """Greedy NTP's next token after prefix, from one uncached causal forward, never the mask token."""
+    """Greedy NTP's next token after prefix, from one uncached causal forward, never the mask
+    token."""
     logits, _ = m(torch.tensor([prefix]))
     logits[0, -1, mask_id] = float("-inf")
     return int(logits[0, -1].argmax())
 
 
 def uncached_block_logits(m, prefix, block):
-    """Logits of the block slots for [prefix ; block]: causal prefix, bidirectional block, positions 0.."""
+    """Logits of the block slots for [prefix ; block]: causal prefix, bidirectional block,
+    positions 0.."""
     idx = torch.tensor([prefix + block])
     T, start = idx.size(1), len(prefix)
     mask = dense_mask(lambda q, k: hybrid_mask(q, k, start), T, T)  # (T, T)
@@ -116,7 +124,8 @@ def first_stop_with_prefix_revealed(block, masked, stop_ids):
 
 
 def forwards_of_row(stats, b):
-    """The (block start, revealed positions) of the forwards row b took part in (it reveals >= 1 in each)."""
+    """The (block start, revealed positions) of the forwards row b took part in (it reveals >= 1
+    in each)."""
     return [(s.block_start[b], torch.nonzero(s.revealed[b]).flatten().tolist())
             for s in stats.steps if s.revealed[b].any()]
 
@@ -141,13 +150,16 @@ def test_cached_ntp_equals_uncached(family, B):
 def test_cached_sbd_equals_uncached(family, k, B):
     m = random_model(family)
     prompts = random_prompts(m, B, 5, seed=k)
-    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=GAMMA[family]), 22, record_steps=True)
+    tokens, stats = generate.sbd_generate(m, prompts, decode_settings(m, k=k, gamma=GAMMA[family]),
+                                          22, record_steps=True)
     for b in range(B):
-        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, GAMMA[family], "entropy", 22)
+        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, GAMMA[family],
+                                                 "entropy", 22)
         assert tokens[b] == ref_tokens, f"row {b}: tokens differ from the uncached reference"
         assert forwards_of_row(stats, b) == ref_forwards, f"row {b}: reveal steps differ"
-        assert stats.nfe[b] == len(ref_forwards)
-    assert stats.tokens == [22] * B and stats.prefill_forwards == 1
+        assert stats.nfe[b] == len(ref_forwards), f"row {b}: count each forward it took part in"
+    assert stats.tokens == [22] * B, "no stop token: every row generates max_new_tokens"
+    assert stats.prefill_forwards == 1, "prompt[:-1] is prefilled in one forward (prefill)"
     if k > 1:
         assert sum(stats.nfe) < 22 * B, "γ too small to test parallel reveals"
 
@@ -155,26 +167,34 @@ def test_cached_sbd_equals_uncached(family, k, B):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("B", [1, 3])
 def test_paper_first_slot_cached_equals_uncached(family, B):
-    """first_from_ntp=False (a model trained without the NTP term): slot 0 is revealed by the rule, and the
-    decode still equals the uncached reference; on these random models it differs from the default's."""
+    """first_from_ntp=False (a model trained without the NTP term): slot 0 is revealed by the
+    rule, and the decode still equals the uncached reference; on these random models it differs
+    from the default's."""
     m = random_model(family)
     prompts = random_prompts(m, B, 5, seed=7)
-    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=GAMMA[family], first_from_ntp=False), 22, record_steps=True)
-    default, _ = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=GAMMA[family]), 22)
+    settings = decode_settings(m, k=4, gamma=GAMMA[family])
+    tokens, stats = generate.sbd_generate(m, prompts, settings.replace(first_from_ntp=False), 22,
+                                          record_steps=True)
+    default, _ = generate.sbd_generate(m, prompts, settings, 22)
     for b in range(B):
-        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 4, GAMMA[family], "entropy", 22,
-                                                 first_from_ntp=False)
-        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards
+        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 4, GAMMA[family],
+                                                 "entropy", 22, first_from_ntp=False)
+        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards, (
+            f"row {b}: with settings.first_from_ntp False, slot 0 is a mask that the rule reveals")
     assert tokens != default
 
 
 def test_a_model_trained_without_the_ntp_term_decodes_without_its_ntp_head():
-    """A checkpoint whose run had ntp_weight=0 gets settings that leave slot 0 to the rule; any other
-    checkpoint takes slot 0 from the next-token logits (settings.settings_for)."""
+    """A checkpoint whose run had ntp_weight=0 gets settings that leave slot 0 to the rule; any
+    other checkpoint takes slot 0 from the next-token logits (settings.settings_for)."""
     base = dict(mask_id=3, stop_ids=[0], stage="sbd")
-    assert not settings_lib.settings_for(dict(base, config=dict(ntp_weight=0.0)), gamma=0.1).first_from_ntp
-    assert settings_lib.settings_for(dict(base, config=dict(ntp_weight=0.5)), gamma=0.1).first_from_ntp
-    assert settings_lib.settings_for(dict(base, config={}), gamma=0.1).first_from_ntp
+
+    def first_from_ntp(config):
+        return settings_lib.settings_for(dict(base, config=config), gamma=0.1).first_from_ntp
+
+    assert not first_from_ntp(dict(ntp_weight=0.0))
+    assert first_from_ntp(dict(ntp_weight=0.5))
+    assert first_from_ntp({})
 
 
 @pytest.mark.parametrize("rule", ["confidence", "factor"])
@@ -182,16 +202,18 @@ def test_other_rules_cached_equal_uncached(rule):
     m = random_model("gpt-tiny")
     prompts = random_prompts(m, 2, 4)
     threshold = {"confidence": 1.5, "factor": 1.0}[rule]
-    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=threshold, rule=rule), 20, record_steps=True)
+    settings = decode_settings(m, k=8, gamma=threshold, rule=rule)
+    tokens, stats = generate.sbd_generate(m, prompts, settings, 20, record_steps=True)
     for b in range(2):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 8, threshold, rule, 20)
-        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards
+        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards, (
+            f"rule {rule!r}, row {b}: reveal with settings.rule (reveal_step does)")
 
 
 def test_one_token_prompt_has_no_prefill():
     m = random_model("llama-tiny")
     prompt = random_prompts(m, 1, 1)
-    tokens, stats = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=2.0), 9)
+    tokens, stats = generate.sbd_generate(m, prompt, decode_settings(m, k=4, gamma=2.0), 9)
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 4, 2.0, "entropy", 9)[0]
     assert stats.prefill_forwards == 0 and stats.tokens == [9]
     assert generate.ntp_generate(m, prompt, 5)[1].prefill_forwards == 0
@@ -212,12 +234,14 @@ class CommitsEverything(torch.nn.Module):
 
 
 def test_reference_catches_a_cache_that_keeps_block_keys():
-    """The equality tests above can fail: a cache that keeps the block's keys decodes differently."""
+    """The equality tests above can fail: a cache that keeps the block's keys decodes
+    differently."""
     m = random_model("gpt-tiny")
     prompt = random_prompts(m, 1, 5)
     expected = reference_sbd(m, prompt[0].tolist(), 4, 1.5, "entropy", 16)[0]
     try:
-        tokens, _ = generate.sbd_generate(CommitsEverything(m), prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=1.5), 16)
+        tokens, _ = generate.sbd_generate(CommitsEverything(m), prompt,
+                                          decode_settings(m, k=4, gamma=1.5), 16)
     except ValueError:  # or it runs out of cache/context first
         return
     assert tokens[0] != expected
@@ -230,13 +254,14 @@ def test_reference_catches_a_cache_that_keeps_block_keys():
 def test_batch_equals_each_row_alone(family):
     m = random_model(family, seed=1)
     prompts = random_prompts(m, 4, 6, seed=1)
-    mask_id = mask_id_of(m)
-    plain, _ = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=8, gamma=GAMMA[family]), 24)
+    plain, _ = generate.sbd_generate(m, prompts, decode_settings(m, k=8, gamma=GAMMA[family]), 24)
     stop = [plain[1][10]]  # a token row 1 really emits, so at least one row stops early
-    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=8, gamma=GAMMA[family], stop_ids=stop), 24)
+    settings = decode_settings(m, k=8, gamma=GAMMA[family], stop_ids=stop)
+    tokens, stats = generate.sbd_generate(m, prompts, settings, 24)
     for b in range(4):
-        alone, alone_stats = generate.sbd_generate(m, prompts[b:b + 1], sampling.DecodeSettings(mask_id=mask_id, k=8, gamma=GAMMA[family], stop_ids=stop), 24)
-        assert tokens[b] == alone[0] and stats.nfe[b] == alone_stats.nfe[0]
+        alone, alone_stats = generate.sbd_generate(m, prompts[b:b + 1], settings, 24)
+        assert tokens[b] == alone[0] and stats.nfe[b] == alone_stats.nfe[0], (
+            f"row {b}: in a batch a row gets the tokens and forward count it gets alone")
     ntp_tokens, ntp_stats = generate.ntp_generate(m, prompts, 24, stop_ids=stop)
     for b in range(4):
         alone, alone_stats = generate.ntp_generate(m, prompts[b:b + 1], 24, stop_ids=stop)
@@ -247,28 +272,33 @@ def test_batch_equals_each_row_alone(family):
 def test_stop_token_ends_rows_early_and_truncates(k):
     m = random_model("gpt-tiny", seed=2)
     prompts = random_prompts(m, 3, 5, seed=2)
-    mask_id = mask_id_of(m)
-    plain, plain_stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=k, gamma=1.5), 30)
+    plain, plain_stats = generate.sbd_generate(m, prompts, decode_settings(m, k=k, gamma=1.5), 30)
     stop = plain[0][13]
-    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=k, gamma=1.5, stop_ids=[stop]), 30, record_steps=True)
+    settings = decode_settings(m, k=k, gamma=1.5, stop_ids=[stop])
+    tokens, stats = generate.sbd_generate(m, prompts, settings, 30, record_steps=True)
     for b in range(3):
-        if stop in plain[b]:  # stopping changes nothing before the stop token: the text is just cut there
+        # stopping changes nothing before the stop token: the text is just cut there
+        if stop in plain[b]:
             assert tokens[b] == plain[b][:plain[b].index(stop) + 1]
             assert stats.tokens[b] == len(tokens[b]), "the stop token counts as a generated token"
         else:
             assert tokens[b] == plain[b]
-        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, 1.5, "entropy", 30, [stop])
-        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards
+        ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, 1.5, "entropy", 30,
+                                                 [stop])
+        assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards, (
+            f"row {b}: a row ends once a stop token and every slot before it are revealed")
     assert stats.nfe[0] < plain_stats.nfe[0], "row 0 should stop before max_new_tokens"
 
 
 def test_row_stops_without_waiting_for_the_rest_of_its_block():
-    """A stop token revealed with everything before it ends the row, even with masks left after it."""
+    """A stop token revealed with everything before it ends the row, even with masks left after
+    it."""
     m = random_model("gpt-tiny", seed=2)
     prompt = random_prompts(m, 1, 5, seed=2)
-    plain, _ = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5), 16)
+    plain, _ = generate.sbd_generate(m, prompt, decode_settings(m, k=16, gamma=1.5), 16)
     stop = plain[0][2]
-    tokens, stats = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5, stop_ids=[stop]), 16, record_steps=True)
+    settings = decode_settings(m, k=16, gamma=1.5, stop_ids=[stop])
+    tokens, stats = generate.sbd_generate(m, prompt, settings, 16, record_steps=True)
     assert tokens[0] == plain[0][:plain[0].index(stop) + 1]
     last = stats.steps[-1]
     assert (last.tokens[0] == mask_id_of(m)).any(), "the row went on revealing after its stop token"
@@ -309,37 +339,48 @@ def test_mask_token_never_in_output(family, temperature):
     logits, _ = m(prompts)
     assert (logits.argmax(-1) == mask_id).all(), "the test model must prefer the mask token"
     g = torch.Generator().manual_seed(0)
-    tokens, _ = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id, k=4, gamma=1.0, temperature=temperature, top_k=5), 12, generator=g)
-    ntp_tokens, _ = generate.ntp_generate(m, prompts, 12, temperature=temperature, generator=g, mask_id=mask_id)
+    settings = decode_settings(m, k=4, gamma=1.0, temperature=temperature, top_k=5)
+    tokens, _ = generate.sbd_generate(m, prompts, settings, 12, generator=g)
+    ntp_tokens, _ = generate.ntp_generate(m, prompts, 12, temperature=temperature, generator=g,
+                                          mask_id=mask_id)
     for row in tokens + ntp_tokens:
-        assert len(row) == 12 and mask_id not in row
+        assert mask_id not in row, "the mask token is an input only, never emitted"
+        assert len(row) == 12, "no stop token: max_new_tokens tokens"
 
 
 def test_max_new_tokens_not_a_multiple_of_k():
     m = random_model("gpt-tiny")
     prompts = random_prompts(m, 2, 3)
-    tokens, stats = generate.sbd_generate(m, prompts, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5), 21, record_steps=True)
-    assert [len(t) for t in tokens] == [21, 21] and stats.tokens == [21, 21]
-    assert {s.block_start[0] for s in stats.steps} == {0, 16} and stats.steps[-1].tokens.shape == (2, 5)
+    tokens, stats = generate.sbd_generate(m, prompts, decode_settings(m, k=16, gamma=1.5), 21,
+                                          record_steps=True)
+    assert [len(t) for t in tokens] == [21, 21] and stats.tokens == [21, 21], (
+        "blocks of k until max_new_tokens, never past it")
+    assert {s.block_start[0] for s in stats.steps} == {0, 16}, "Step.block_start: 0, then 16"
+    assert stats.steps[-1].tokens.shape == (2, 5), "the last block is cut to 21 - 16 = 5 slots"
 
 
 def test_decoding_may_fill_the_whole_context():
     """prompt + max_new_tokens == the model's context works: the last block is cut to fit."""
     m = random_model("gpt-tiny")
     prompt = random_prompts(m, 1, 5)
-    tokens, _ = generate.sbd_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1.5), 59)
-    assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 16, 1.5, "entropy", 59)[0]
+    tokens, _ = generate.sbd_generate(m, prompt, decode_settings(m, k=16, gamma=1.5), 59)
+    assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 16, 1.5, "entropy", 59)[0], (
+        "prompt + max_new_tokens fill the context: the cache holds exactly that, the last block "
+        "is cut to fit")
     assert len(tokens[0]) == 59 and len(generate.ntp_generate(m, prompt, 59)[0][0]) == 59
 
 
 def test_stats_add_up():
     m = random_model("gpt-tiny")
-    tokens, stats = generate.sbd_generate(m, random_prompts(m, 2, 3), sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1.5), 16, record_steps=True)
-    assert len(stats.steps) == max(stats.nfe)
+    tokens, stats = generate.sbd_generate(m, random_prompts(m, 2, 3),
+                                          decode_settings(m, k=8, gamma=1.5), 16, record_steps=True)
+    assert len(stats.steps) == max(stats.nfe), "one Step per forward of the batch"
     assert stats.tokens_per_forward == [t / n for t, n in zip(stats.tokens, stats.nfe)]
-    assert stats.wall_time > 0
+    assert stats.wall_time > 0, "finish(..., t0, ...) measures from the t0 it is given"
     for b in range(2):
-        assert sum(int(s.revealed[b].sum()) for s in stats.steps) == 16, "every position revealed once"
+        assert sum(int(s.revealed[b].sum()) for s in stats.steps) == 16, (
+            "every position revealed once: Step.revealed holds what that forward revealed, slot 0 "
+            "included")
 
 # -----------------------------------------------------------------------------
 # clear errors
@@ -389,7 +430,8 @@ def write_checkpoint(path, stage, calibration=None):
     """A tiny checkpoint in train.py's layout, and the calibration.json evaluate.py would write."""
     torch.manual_seed(0)
     m = model_lib.build_model("gpt-tiny", vocab_size=len(CHARS))
-    checkpoint = {"model": m.state_dict(), "model_family": "gpt", "model_args": dataclasses.asdict(m.config),
+    checkpoint = {"model": m.state_dict(), "model_family": "gpt",
+                  "model_args": dataclasses.asdict(m.config),
                   "stage": stage, "config": {}, "tokenizer": {"kind": "char", "chars": CHARS},
                   "dataset": "addition", "mask_id": 1, "stop_ids": [0]}
     torch.save(checkpoint, path)
@@ -399,11 +441,13 @@ def write_checkpoint(path, stage, calibration=None):
 
 def run_sample(out_dir, *args):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return subprocess.run([sys.executable, "sample.py", f"--out_dir={out_dir}", "--device=cpu", *args],
+    return subprocess.run([sys.executable, "sample.py", f"--out_dir={out_dir}", "--device=cpu",
+                           *args],
                           cwd=root, capture_output=True, text=True, timeout=120)
 
 
-CALIBRATED = dict(k={"8": dict(gamma_low=0.5, gamma_high=1.5, gamma_exact=1e9)}, operating_k=8, exact_k=8)
+CALIBRATED = dict(k={"8": dict(gamma_low=0.5, gamma_high=1.5, gamma_exact=1e9)}, operating_k=8,
+                  exact_k=8)
 
 
 def test_sample_script(tmp_path):
@@ -412,7 +456,8 @@ def test_sample_script(tmp_path):
     done = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=both", "--num_samples=2",
                       "--max_new_tokens=20", "--show_steps=True")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("SBD k=8 γ=0.5") == 2 and "forwards" in done.stdout and "vs NTP" in done.stdout
+    assert done.stdout.count("SBD k=8 γ=0.5") == 2
+    assert "forwards" in done.stdout and "vs NTP" in done.stdout
     failed = run_sample(tmp_path, "--ckpt=ntp", "--mode=sbd", "--start=ab")
     assert failed.returncode == 2 and "is an NTP model" in failed.stderr
     assert "Traceback" not in failed.stderr  # bad input: one line, no traceback
@@ -422,32 +467,37 @@ def test_sample_script(tmp_path):
 
 
 def test_sample_script_exact_mode(tmp_path):
-    uncalibrated = dict(k={"8": dict(gamma_low=None, gamma_high=None, gamma_exact=1e9)}, operating_k=None,
-                        exact_k=8)
+    uncalibrated = dict(k={"8": dict(gamma_low=None, gamma_high=None, gamma_exact=1e9)},
+                        operating_k=None, exact_k=8)
     write_checkpoint(tmp_path / "ckpt_sbd.pt", "sbd", uncalibrated)
-    exact_run = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=both", "--max_new_tokens=20",
-                           "--exact=True", "--show_steps=True")
+    exact_run = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=both",
+                           "--max_new_tokens=20", "--exact=True", "--show_steps=True")
     assert exact_run.returncode == 0, exact_run.stderr
     assert "exact SBD k=8 γ=1e+09" in exact_run.stdout and "rejected" in exact_run.stdout
-    assert "NTP decoding of the same prompt gives" not in exact_run.stdout  # the same text, by construction
-    no_gamma = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=sbd", "--k=8", "--max_new_tokens=8")
-    assert no_gamma.returncode == 2 and "needs a γ" in no_gamma.stderr  # never switches mode by itself
+    # the same text, by construction
+    assert "NTP decoding of the same prompt gives" not in exact_run.stdout
+    no_gamma = run_sample(tmp_path, "--start=ab", "--raw=True", "--mode=sbd", "--k=8",
+                          "--max_new_tokens=8")
+    # never switches mode by itself
+    assert no_gamma.returncode == 2 and "needs a γ" in no_gamma.stderr
     sampled = run_sample(tmp_path, "--start=ab", "--raw=True", "--exact=True", "--temperature=0.8",
                          "--max_new_tokens=8")
     assert sampled.returncode == 0 and "exact SBD" in sampled.stdout, sampled.stderr
-    wrong_rule = run_sample(tmp_path, "--start=ab", "--exact=True", "--temperature=0.8", "--rule=entropy")
+    wrong_rule = run_sample(tmp_path, "--start=ab", "--exact=True", "--temperature=0.8",
+                            "--rule=entropy")
     assert wrong_rule.returncode == 2 and "left to right" in wrong_rule.stderr
 
 
 def test_bench_script_runs():
-    """bench.py is a benchmark, not a test; this only checks that both modes still run (tiny settings)."""
+    """bench.py is a benchmark, not a test; this only checks that both modes still run (tiny
+    settings)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tiny = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=128", "--threads=1"]
     for args in (["--what=kvcache", "--new_tokens=20"],
                  ["--what=sbd", "--out_dir=/nonexistent", "--max_new_tokens=32", "--num_prompts=2",
                   "--timing_repeats=2"]):
-        done = subprocess.run([sys.executable, "bench.py", *args, *tiny], cwd=root, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run([sys.executable, "bench.py", *args, *tiny], cwd=root,
+                              capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "speed-up" in done.stdout or "wall clock vs NTP" in done.stdout
 
@@ -456,25 +506,29 @@ def test_bench_script_runs():
 
 
 def test_attention_bias_is_what_sdpa_makes_of_the_bool_mask():
-    """model.attention_bias converts a bool mask once per forward, as SDPA would in every layer: same output
-    to the bit; None and an additive bias pass through."""
+    """model.attention_bias converts a bool mask once per forward, as SDPA would in every layer:
+    same output to the bit; None and an additive bias pass through."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 7, 8, generator=g) for _ in range(3))
     mask = dense_mask(lambda qi, ki: hybrid_mask(qi, ki, 3), 7, 7)  # (T, S)
     bias = model_lib.attention_bias(mask, q.dtype)
-    assert bias.dtype == q.dtype and torch.equal(bias == 0, mask) and torch.equal(bias != 0, bias == float("-inf"))
+    assert bias.dtype == q.dtype and torch.equal(bias == 0, mask)
+    assert torch.equal(bias != 0, bias == float("-inf"))
     sdpa = torch.nn.functional.scaled_dot_product_attention
     assert torch.equal(sdpa(q, k, v, attn_mask=mask), sdpa(q, k, v, attn_mask=bias))
-    assert model_lib.attention_bias(None, q.dtype) is None and model_lib.attention_bias(bias, q.dtype) is bias
+    assert model_lib.attention_bias(None, q.dtype) is None
+    assert model_lib.attention_bias(bias, q.dtype) is bias
 
 
 def test_dropout_zero_builds_no_dropout_modules():
-    """An nn.Dropout that drops nothing still costs a call (9 per forward of the demo GPT): at p = 0 there are
-    none; at p > 0 there are, with the same state dict, the same eval logits, and dropout in training."""
+    """An nn.Dropout that drops nothing still costs a call (9 per forward of the demo GPT): at
+    p = 0 there are none; at p > 0 there are, with the same state dict, the same eval logits, and
+    dropout in training."""
     plain = model_lib.build_model("gpt-tiny").eval()
     dropping = model_lib.build_model("gpt-tiny", dropout=0.5)
     assert not any(isinstance(mod, torch.nn.Dropout) for mod in plain.modules())
-    assert sum(isinstance(mod, torch.nn.Dropout) for mod in dropping.modules()) == 2 * dropping.config.n_layer + 1
+    n_dropout = sum(isinstance(mod, torch.nn.Dropout) for mod in dropping.modules())
+    assert n_dropout == 2 * dropping.config.n_layer + 1
     dropping.load_state_dict(plain.state_dict())
     idx = random_prompts(plain, 2, 9)
     with torch.no_grad():
@@ -490,4 +544,5 @@ def test_stop_reached_by_hand():
                               [False, True, True],  # stop first: finished
                               [False, False, False],  # no stop token
                               [False, True, False]])  # stop at 2 behind a mask
-    assert generate.stop_reached(block, is_masked, torch.tensor([0])).tolist() == [True, False, True, False, False]
+    got = generate.stop_reached(block, is_masked, torch.tensor([0])).tolist()
+    assert got == [True, False, True, False, False]

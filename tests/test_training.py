@@ -49,7 +49,9 @@ def test_training_mask_is_the_worked_example():
         [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]]
     masks = sbd.training_mask(8, 4, torch.tensor([0, 0]))  # (B, 2L, 2L), one per row
     assert masks.shape == (2, 16, 16)
-    assert masks[0].int().tolist() == expected and masks[1].int().tolist() == expected
+    assert masks[0].int().tolist() == expected and masks[1].int().tolist() == expected, (
+        "not the matrix of docs/method.md (L = 8, k = 4, phase 0): clean rows causal, a noisy row "
+        "sees the clean keys before its block and the noisy keys of its own block")
 
 
 def mask_by_the_rules(L, k, phase):
@@ -86,10 +88,16 @@ def test_labels_of_the_worked_example(monkeypatch):
     monkeypatch.setattr(sbd, "add_noise", lambda x, mask_id, maskable=None, generator=None:
                         (torch.where(is_masked, mask_id, x), is_masked))
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, M, 4, torch.tensor([0]))
-    assert idx.tolist() == [[11, 12, 13, 14, 15, 16, 17, 18, 11, M, 13, M, M, M, 17, M]]
-    assert pos.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]
-    assert labels.tolist() == [[12, 13, 14, 15, 16, 17, 18, 19, _, 12, _, 14, 15, 16, _, 18]]
-    assert torch.equal(mask, sbd.training_mask(8, 4, torch.tensor([0])))
+    # no maskable: the noisy half starts at 0 and the forward is the paper's 2L tokens
+    assert idx.tolist() == [[11, 12, 13, 14, 15, 16, 17, 18, 11, M, 13, M, M, M, 17, M]], (
+        "idx = [x ; x̂]: the clean row, then its noisy copy from add_noise")
+    assert pos.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7], (
+        "the noisy copy reuses the positions it stands for")
+    assert labels.tolist() == [[12, 13, 14, 15, 16, 17, 18, 19, _, 12, _, 14, 15, 16, _, 18]], (
+        "clean slot i -> y[i] (the next token); noisy slot i -> x[i] where masked, else "
+        "IGNORE_INDEX")
+    assert torch.equal(mask, sbd.training_mask(8, 4, torch.tensor([0]))), (
+        "mask = training_mask(L, k, phases, x.device, noisy_start=s), here s = 0")
 
 
 def test_labels_with_random_noise():
@@ -103,13 +111,23 @@ def test_labels_with_random_noise():
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, M, 4, torch.zeros(B, dtype=torch.long),
                                             maskable.expand(B, L), g)
     clean, noisy = idx[:, :L], idx[:, L:]
-    s = 2 * L - idx.size(1)  # the noisy half starts at the block (k=4, phase 0) of the first maskable position
-    assert s == 8 and torch.equal(pos, torch.cat([torch.arange(L), torch.arange(s, L)]))
-    assert torch.equal(clean, x) and torch.equal(labels[:, :L], y)
+    s = 2 * L - idx.size(1)  # where the noisy half starts
+    assert s == 8, (
+        f"idx has {idx.size(1)} slots, so the noisy half starts at position {s}; expected 8 = "
+        "first_noisy_position(maskable, 4, phases): the start of the block (k=4, phase 0) that "
+        "holds the first maskable position, 10. Noisy copies before it are never masked and never "
+        "read, so sbd_inputs leaves them out: T = 2L - s slots, not 2L")
+    assert torch.equal(pos, torch.cat([torch.arange(L), torch.arange(s, L)])), (
+        "pos = [0..L-1, s..L-1]: the noisy copy reuses the positions it stands for")
+    assert torch.equal(clean, x) and torch.equal(labels[:, :L], y), (
+        "the clean half is x as it is, labelled with y (whatever y holds, IGNORE_INDEX included)")
     is_masked = noisy == M
-    assert torch.equal(noisy[~is_masked], x[:, s:][~is_masked])  # a noisy token is x_i or the mask
-    assert torch.equal(labels[:, L:], torch.where(is_masked, x[:, s:], IGNORE_INDEX))
-    assert not is_masked[:, :10 - s].any() and 0 < is_masked.float().mean() < 0.9
+    assert torch.equal(noisy[~is_masked], x[:, s:][~is_masked]), (
+        "a noisy slot of position i holds x[i] or the mask token")
+    assert torch.equal(labels[:, L:], torch.where(is_masked, x[:, s:], IGNORE_INDEX)), (
+        "a noisy slot of position i is labelled x[i] where masked, else IGNORE_INDEX")
+    assert not is_masked[:, :10 - s].any(), "positions outside maskable must never be masked"
+    assert 0 < is_masked.float().mean() < 0.9, "about half of the maskable positions masked"
 
 
 def test_masking_rate_is_drawn_per_sequence():
@@ -118,10 +136,13 @@ def test_masking_rate_is_drawn_per_sequence():
     B, L = 400, 1000
     _, is_masked = sbd.add_noise(torch.zeros(B, L, dtype=torch.long), 1, generator=torch.Generator().manual_seed(0))
     frac = is_masked.float().mean(dim=1)  # (B,)
-    assert frac.std() > 0.2  # U(0,1) has std 0.29; a rate per batch gives ~0, a rate per token ~0.016
-    assert frac.min() < 0.05 and frac.max() > 0.95
+    # U(0,1) has std 0.29; a rate per batch gives ~0, a rate per token ~0.016
+    assert frac.std() > 0.2, f"rows' mask fractions spread {frac.std():.3f}: draw η once per row"
+    assert frac.min() < 0.05 and frac.max() > 0.95, (
+        "η ~ U(0, 1): some rows almost clean, some almost all masked")
     first, second = is_masked[:, :L // 2].float().mean(1), is_masked[:, L // 2:].float().mean(1)
-    assert (first - second).abs().max() < 0.15  # binomial noise of 500 draws: std of the difference <= 0.032
+    # binomial noise of 500 draws: std of the difference <= 0.032
+    assert (first - second).abs().max() < 0.15, "one η per row, used for every token of the row"
 
 
 def test_loss_is_one_cross_entropy_over_all_labelled_positions():
@@ -139,11 +160,17 @@ def test_loss_is_one_cross_entropy_over_all_labelled_positions():
                 nll["clean" if i < L else "noisy"].append(-torch.log(p).item())
     mean = lambda xs: sum(xs) / len(xs)
     loss, ntp, mtp = sbd.sbd_loss(logits, labels, L)
-    assert loss.item() == pytest.approx(mean(nll["clean"] + nll["noisy"]), rel=1e-5)
-    assert ntp.item() == pytest.approx(mean(nll["clean"]), rel=1e-5)
-    assert mtp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5)
+    assert loss.item() == pytest.approx(mean(nll["clean"] + nll["noisy"]), rel=1e-5), (
+        "loss: one mean of -log p over every labelled slot of both halves (Eq. 14), not the mean "
+        "of the two halves' means")
+    assert ntp.item() == pytest.approx(mean(nll["clean"]), rel=1e-5), (
+        "ntp_loss: the plain mean over the labelled slots of the clean half (the first L)")
+    assert mtp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5), (
+        "masked_loss: the plain mean over the labelled slots of the noisy half (after the first L)")
     loss_without_ntp, _, _ = sbd.sbd_loss(logits, labels, L, ntp_weight=0.0)  # the paper's ablation
-    assert loss_without_ntp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5)
+    assert loss_without_ntp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5), (
+        "the loss is the weighted mean sum(w * nll) / sum(w), w = ntp_weight on labelled clean "
+        "slots and 1 on labelled noisy ones: at ntp_weight=0 it is the masked-token mean")
 
 @pytest.mark.parametrize("block_phase", ["answer", "random", "zero"])
 def test_leaving_out_the_unread_noisy_prompt_changes_nothing(block_phase):
