@@ -225,7 +225,9 @@ def decode_block(model, cache, prev, kb, active, settings, stop, generator=None)
     alone). Forwards run until every active row's block is full or finished: a row is finished
     (finished[b] True) once its block holds a stop token with every slot before it revealed, and it
     takes no part in later forwards. Returns block (B, kb), finished (B,) bool, nfe (B,) =
-    forwards in which each row still had masks, and steps = [(block, revealed, width)] per forward.
+    forwards in which each row still had masks, and steps = [(block, revealed, width)] per forward:
+    the block after it, the (B, kb) slots it revealed (slot 0 included) and the tokens it fed
+    (n_prev + kb in the first forward, kb later).
     """
     B = prev.size(0)
     block = prev.new_full((B, kb), settings.mask_id)  # (B, kb)

@@ -113,7 +113,7 @@ def reveal_confidence(probs, is_masked, gamma):
 
     Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower
     position first), then apply the same entropy bound to the entropies in that order: reveal the
-    first s, s >= 1 the largest count with H_(1) + ... + H_(s-1) <= γ.
+    first s, s >= 1 the largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ.
     """
     order, masked_sorted = sort_masked(-probs.amax(-1), is_masked)
     return unsort(entropy_bound(entropy(probs).gather(1, order), masked_sorted, gamma), order)
@@ -123,8 +123,8 @@ def reveal_left(probs, is_masked, gamma):
     """The entropy bound with the masked positions taken left to right instead of by entropy.
 
     Rule: reveal the s leftmost masked positions, s >= 1 the largest count with
-    H_(1) + ... + H_(s-1) <= γ in position order. Exact sampling needs it: each draft must be
-    drawn knowing only drafts to its left (docs/method.md, Exact sampling).
+    H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ in position order. Exact sampling needs it:
+    each draft must be drawn knowing only drafts to its left (docs/method.md, Exact sampling).
     """
     order, masked_sorted = sort_masked(torch.zeros_like(probs[..., 0]), is_masked)
     return unsort(entropy_bound(entropy(probs).gather(1, order), masked_sorted, gamma), order)
