@@ -40,7 +40,7 @@ from settings import decode, read_calibration, settings_for
 what = "sbd"  # 'kvcache', 'sbd' or 'roofline'
 device = "cpu"  # this is a CPU benchmark; timings on an accelerator would need more care
 seed = 1337
-threads = 0  # torch threads; 0 = torch's default. Never time while another torch job runs (FINDINGS.md)
+threads = 0  # torch threads; 0 = torch's default. Never time while another torch job runs (docs/findings.md)
 # the random model (kvcache always, sbd when out_dir has no checkpoint)
 n_layer = 6
 n_head = 6

@@ -81,29 +81,34 @@ class RowCache:
         self.lengths[row] -= n
 
 
+def slot_roles(i, n_prev, kb, P):
+    """For slot i of a lockstep forward (P pending slots, then block slots), with the row's n_prev
+    pending tokens and kb block slots: (is it one of the row's tokens, its index among them)."""
+    real = (i < n_prev) | (i >= P) & (i < P + kb)
+    return real, torch.where(i < P, i, i - P + n_prev)
+
+
 def exact_mask(q, kv, n_cached, n_prev, kb, P):
     """Mask of one lockstep forward for one row (True = may attend); pure in (q, kv).
 
     The forward feeds P slots of pending tokens (the row's n_prev, then padding) and then block
-    slots (the row's kb, then padding); query q is such a slot, key kv a cache slot, new tokens
-    written from slot n_cached on. Without the padding this is hybrid_mask over [cache ; pending ;
-    block]: each slot is mapped to its place among the row's real new tokens, padding sees only
-    itself (a query that sees no key would make softmax NaN) and nothing sees padding or stale
-    slots. Returns (mask, the real new-token index of each query, to make positions).
+    slots (the row's kb, then padding); q is such a slot, kv a cache slot, and the forward's tokens
+    are written from cache slot n_cached on. Without the padding this is hybrid_mask over
+    [cache ; pending ; block]: each slot is mapped to its index among the row's new tokens,
+    padding sees only itself (a query that sees no key would make softmax NaN), and nothing sees
+    padding or the stale slots past a row's new tokens.
     """
     t = kv - n_cached  # which new token key kv holds (< 0: a committed one)
-    real_q = (q < n_prev) | (q >= P) & (q < P + kb)
-    real_kv = (t < n_prev) | (t >= P) & (t < P + kb)
-    q_new = torch.where(q < P, q, q - P + n_prev)  # padding removed
-    kv_new = torch.where(t < P, t, t - P + n_prev)
-    mask = real_q & real_kv & hybrid_mask(q_new, kv_new, n_prev) | (t == q)
-    return mask, q_new
+    real_q, q_new = slot_roles(q, n_prev, kb, P)
+    real_kv, kv_new = slot_roles(t, n_prev, kb, P)
+    return real_q & real_kv & hybrid_mask(q_new, kv_new, n_prev) | (t == q)
 
 
 def lockstep_inputs(cache, pending, n_prev, block, kb):
     """Tokens (B, T), positions (B, T) and mask (B, T, S) of one lockstep forward.
 
-    pending (B, P) and block (B, K) are padded; row b uses n_prev[b] and kb[b] of them.
+    pending (B, P) and block (B, K) are padded; row b uses n_prev[b] and kb[b] of them. A row's
+    tokens take the positions they have alone; padding takes position 0 (nothing reads it).
     """
     device = pending.device
     P, K = pending.size(1), block.size(1)
@@ -113,8 +118,9 @@ def lockstep_inputs(cache, pending, n_prev, block, kb):
     kv = torch.arange(max(cache.lengths) + P + K, device=device)[None, None, :]  # (1, 1, S)
     n_prev = torch.as_tensor(n_prev, device=device)[:, None, None]
     kb = torch.as_tensor(kb, device=device)[:, None, None]
-    mask, q_new = exact_mask(q, kv, n_cached, n_prev, kb, P)  # (B, T, S)
-    pos = (n_cached + q_new)[:, :, 0]  # (B, T)
+    mask = exact_mask(q, kv, n_cached, n_prev, kb, P)  # (B, T, S)
+    real, index = slot_roles(q, n_prev, kb, P)  # (B, T, 1)
+    pos = torch.where(real, n_cached + index, 0)[:, :, 0]  # (B, T)
     return tokens, pos, mask
 
 

@@ -84,15 +84,20 @@ def unsort(accept_sorted, order):
 
 
 def entropy_bound(h_sorted, masked_sorted, gamma):
-    """Eq. 8 on entropies already in reveal order: accept the s-th iff H_(1) + ... + H_(s-1) <= γ.
+    """Eq. 8 / Eq. 18 on entropies in reveal order: reveal the first s masked slots, s >= 1 the
+    largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ.
 
-    Entropies are >= 0, so the running sum only grows and the accepted slots are a prefix of the
-    order; the first masked slot always passes (empty sum 0 <= γ), so every row with a mask
-    reveals at least one.
+    Entropies are >= 0, so that sum minus its largest term never shrinks as s grows and the
+    revealed slots are a prefix of the order; for s = 1 it is 0 <= γ, so every row with a mask
+    reveals at least one. In entropy order the largest of the first s is the s-th (Eq. 8); in
+    confidence order it need not be (Eq. 18).
     """
     h = torch.where(masked_sorted, h_sorted, 0.0)  # (B, k)
-    before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): entropy ahead of each slot
-    return masked_sorted & (before <= gamma)
+    before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): sum of the slots ahead
+    largest_before = F.pad(torch.cummax(h, dim=1).values[:, :-1], (1, 0))  # (B, k)
+    # the sum up to s minus its largest term; in entropy order the correction is exactly 0
+    spent = before + (h - largest_before).clamp(max=0)
+    return masked_sorted & (spent <= gamma)
 
 
 def reveal_entropy(probs, is_masked, gamma):

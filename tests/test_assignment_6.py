@@ -2,7 +2,7 @@
 Assignment 6 (Llama internals), checks beyond test_model.py and test_llama_io.py, with tolerances that accept
 any correct way of computing (float32 or float64, pow or exp-log, complex numbers or pairs of reals):
 
-- RoPE frequencies against LLAMA.md's rule at relative 1e-5 (a float32 exp-log computation is off by ~1e-6,
+- RoPE frequencies against docs/llama.md's rule at relative 1e-5 (a float32 exp-log computation is off by ~1e-6,
   so test_model.py's 1e-6 would be too tight for it);
 - apply_rotary against Meta's complex-number reference, with per-row positions, in bf16 (returns bf16);
 - hf_unpermute undoes hf_permute exactly for any head count and head size.
@@ -21,7 +21,7 @@ RTOL = 1e-5
 
 
 def test_llama31_rope_frequencies():
-    """LLAMA.md: theta 500000, head_dim 128, scale 8, low/high factors 1 and 4, original context 8192."""
+    """docs/llama.md: theta 500000, head_dim 128, scale 8, low/high factors 1 and 4, original context 8192."""
     got = rope_frequencies(LlamaConfig()).double()
     assert got.shape == (64,)
     expected = []

@@ -306,7 +306,7 @@ def test_tied_embeddings_load_exactly_and_stay_tied(tmp_path):
 
     # a train.py checkpoint (save_checkpoint -> load_checkpoint / model_from_checkpoint): still tied
     ckpt = dict(model_family="llama", model_args=dataclasses.asdict(loaded.config),
-                model=loaded.state_dict())
+                model=loaded.state_dict(), stage="ntp")
     save_checkpoint(ckpt, tmp_path / "ckpt.pt")
     back, _ = load_checkpoint(tmp_path / "ckpt.pt")
     assert back.output.weight is back.tok_embeddings.weight

@@ -23,11 +23,24 @@ def by_hand_entropy(probs, masked, gamma):
 
 
 def by_hand_confidence(probs, masked, gamma):
-    """EB-Sampler Eq. 18: confidence descending (ties: lower position); same entropy bound."""
+    """EB-Sampler Eq. 18: confidence descending (ties: lower position); largest s with
+    H_(1)+..+H_(s) - max(H_(1)..H_(s)) <= γ, entropies in that order."""
     h = [entropy_of(p) for p in probs]
     c = [max(p) for p in probs]
     order = sorted((i for i in range(len(c)) if masked[i]), key=lambda i: (-c[i], i))
-    return reveal_largest_prefix(order, lambda s: sum(h[i] for i in order[:s - 1]) <= gamma)
+    first = lambda s: [h[i] for i in order[:s]]  # noqa: E731
+    return reveal_largest_prefix(order, lambda s: sum(first(s)) - max(first(s)) <= gamma)
+
+
+def test_confidence_rule_subtracts_the_largest_entropy():
+    """Eq. 18 by hand: confidences 0.9 > 0.8 > 0.7 with entropies 0.2, 0.9, 0.4. At s = 3 the sum
+    1.5 minus its largest term 0.9 is 0.6: revealed at γ = 0.6. Subtracting the third entropy
+    (0.4) instead would leave 1.1 and stop at two."""
+    h, c = torch.tensor([0.2, 0.9, 0.4]), torch.tensor([0.9, 0.8, 0.7])
+    order = torch.argsort(-c)
+    masked = torch.ones(1, 3, dtype=torch.bool)
+    assert sampling.entropy_bound(h[order][None], masked, 0.6).tolist() == [[True] * 3]
+    assert sampling.entropy_bound(h[order][None], masked, 0.59).tolist() == [[True, True, False]]
 
 
 def by_hand_factor(probs, masked, f):
@@ -119,7 +132,7 @@ def test_factor_extremes():
 
 
 def test_factor_rule_is_one_minus_confidence():
-    """Two positions of confidence 0.9: (2+1)(1-0.9) = 0.3 < f = 0.5 reveals both; SBD.md's
+    """Two positions of confidence 0.9: (2+1)(1-0.9) = 0.3 < f = 0.5 reveals both; docs/method.md's
     (n+1)·c_(n) = 2.7 would not. One position of 0.6 after them: (3+1)(1-0.6) = 1.6 >= 0.5 stops it."""
     V = 4
     rows = [[0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3], [0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3], [0.6, 0.2, 0.1, 0.1]]

@@ -1,5 +1,5 @@
 """
-SBD training (sbd.py's top half and train.py), checked against SBD.md and against the decoding path:
+SBD training (sbd.py's top half and train.py), checked against docs/method.md and against the decoding path:
 the training mask and labels against the worked example, the noise against "η ~ U(0,1) once per sequence",
 the 2L training forward against prefill + block forward through the KV cache, and train.py end to end
 (both stages, the report, exact resume, clear errors) in subprocesses with tiny settings.
@@ -25,11 +25,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
 # -----------------------------------------------------------------------------
-# 7: mask, labels and noise against SBD.md
+# 7: mask, labels and noise against docs/method.md
 
 
 def test_training_mask_is_the_worked_example():
-    # SBD.md, L = 8, k = 4; columns: clean x1..x8 | noisy x̂1..x̂8 (here 0-based c0..c7 | n0..n7)
+    # docs/method.md, L = 8, k = 4; columns: clean x1..x8 | noisy x̂1..x̂8 (here 0-based c0..c7 | n0..n7)
     expected = [
         [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # clean: causal, never the noisy half
         [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
@@ -55,7 +55,7 @@ def test_training_mask_is_the_worked_example():
 
 
 def mask_by_the_rules(L, k, phase):
-    """SBD.md's four rules, 1-based as written there, blocks of k starting at phase + 1, phase + 1 ± k, ..."""
+    """docs/method.md's four rules, 1-based as written there, blocks of k starting at phase + 1, phase + 1 ± k, ..."""
     T = 2 * L
     mask = torch.zeros(T, T, dtype=torch.bool)
     block = lambda i: (i - 1 - phase) // k  # block of 1-based noisy position i
@@ -146,7 +146,7 @@ def test_masking_rate_is_drawn_per_sequence():
 
 
 def test_loss_is_one_cross_entropy_over_all_labelled_positions():
-    """Eq. 14 (SBD.md step 6): -log p of every labelled position, NTP and masked tokens alike, averaged."""
+    """Eq. 14 (docs/method.md, Loss): -log p of every labelled position, NTP and masked tokens alike, averaged."""
     g = torch.Generator().manual_seed(0)
     B, L, V = 3, 6, 7
     logits = torch.randn(B, 2 * L, V, generator=g)

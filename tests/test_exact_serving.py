@@ -1,0 +1,252 @@
+"""
+Exact SBD for serving: batches whose rows keep different numbers of drafts, sampling at temperature
+> 0 with speculative sampling's acceptance rule, and the adaptive block size.
+
+Correctness is checked against independent definitions: each row decoded alone by NTP (batches),
+the distribution of NTP sampling enumerated over every short output (sampling), and a chi-square
+bound that a wrong acceptance rule fails (the test shows that it fails).
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+import exact
+import generate
+import model as model_lib
+import tiny_models
+import sampling
+from sampling import DecodeSettings, filter_logits
+
+FAMILIES = ["gpt-tiny", "llama-tiny"]
+
+
+def random_model(family, seed=0):
+    return tiny_models.random_model(family, seed, std=0.5, dtype=torch.float64)
+
+
+def mask_id_of(m):
+    return m.config.vocab_size - 1
+
+
+def prompts_and_stop(m, B, seed, T0=5):
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, m.config.vocab_size - 1, (B, T0), generator=g)
+    stop = int(torch.randint(0, m.config.vocab_size - 1, (1,), generator=g))
+    return prompts, stop
+
+# -----------------------------------------------------------------------------
+# batches: every row is NTP's, whatever the other rows do
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("k, gamma, adaptive", [(4, 0.0, False), (8, 0.5, False), (16, 1e9, False),
+                                                (16, 0.5, True), (8, 1e9, True)])
+def test_batch_rows_equal_ntp_of_each_row_alone(family, k, gamma, adaptive):
+    m = random_model(family)
+    prompts, stop = prompts_and_stop(m, 6, seed=k)
+    settings = DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=[stop], exact=True,
+                              adaptive=adaptive)
+    out, stats = exact.exact_generate(m, prompts, settings, 30)
+    for b in range(6):
+        alone, _ = generate.ntp_generate(m, prompts[b:b + 1], 30, [stop], mask_id=mask_id_of(m))
+        assert out[b] == alone[0], f"row {b}"
+        one, one_stats = exact.exact_generate(m, prompts[b:b + 1], settings, 30)
+        assert one == [out[b]]
+        # float64: a row alone and in a batch make the same reveal decisions, so the same counts
+        for name in ("nfe", "tokens", "accepted", "rejected", "final_checks"):
+            assert getattr(stats, name)[b] == getattr(one_stats, name)[0], f"row {b}: {name}"
+    assert sum(stats.rejected) > 10, "random drafts must be rejected, or this checks nothing"
+
+
+def test_rows_that_end_early_leave_the_batch_alone():
+    """One row stops at once (its first token is the stop token), the others decode to the end."""
+    m = random_model("gpt-tiny")
+    prompts, _ = prompts_and_stop(m, 4, seed=3)
+    first, _ = generate.ntp_generate(m, prompts[:1], 1)
+    stop = first[0][0]
+    settings = DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, stop_ids=[stop], exact=True)
+    out, stats = exact.exact_generate(m, prompts, settings, 20)
+    ntp, _ = generate.ntp_generate(m, prompts, 20, [stop], mask_id=mask_id_of(m))
+    assert out == ntp and out[0] == [stop] and stats.nfe[0] == 1
+
+
+def test_exact_mask_is_the_hybrid_mask_without_the_padding():
+    """A row with 2 pending tokens and a 3-slot block in a forward padded to 4 + 4, on a cache of 2:
+    the mask drawn by hand (q = query slot, columns = cache slots 0-1, then the 8 new slots)."""
+    q = torch.arange(8)[:, None]
+    kv = torch.arange(10)[None, :]
+    mask = exact.exact_mask(q, kv, n_cached=2, n_prev=2, kb=3, P=4)
+    #           cache | p0 p1 pad pad | b0 b1 b2 pad
+    by_hand = [[1, 1, 1, 0, 0, 0, 0, 0, 0, 0],  # p0: causal
+               [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],  # p1
+               [0, 0, 0, 0, 1, 0, 0, 0, 0, 0],  # padding sees only itself
+               [0, 0, 0, 0, 0, 1, 0, 0, 0, 0],
+               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],  # b0..b2: the prefix and the whole block
+               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
+               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
+               [0, 0, 0, 0, 0, 0, 0, 0, 0, 1]]  # an unused block slot sees only itself
+    assert mask.int().tolist() == by_hand
+    real, index = exact.slot_roles(q, 2, 3, 4)
+    assert real.flatten().tolist() == [True, True, False, False, True, True, True, False]
+    assert index[real].tolist() == [0, 1, 2, 3, 4]  # the row's new tokens in order
+
+# -----------------------------------------------------------------------------
+# sampling: speculative sampling's rule makes the output distributed as NTP sampling's
+
+
+def test_acceptance_rule_on_scripted_p_and_q():
+    """One draft x ~ q, kept with probability min(1, p(x)/q(x)), else a draw from
+    norm(max(0, p - q)): the emitted token is distributed as p. 200k rows at once."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.6, 0.1, 0.2], dtype=torch.float64)
+    N, g = 200_000, torch.Generator().manual_seed(0)
+    drafts = torch.multinomial(q.expand(N, 4), 1, replacement=True, generator=g)  # (N, 1)
+    ok, targets = exact.accept_sampled(drafts, q.expand(N, 1, 4), p.expand(N, 2, 4), g)
+    emitted = torch.where(ok[:, 0], drafts[:, 0], targets[:, 0])
+    assert chi_square(torch.bincount(emitted, minlength=4), p) < chi_square_bound(3)
+    accept = (p / q).clamp(max=1).float()  # P(keep | x) = min(1, p(x) / q(x))
+    kept_rate = torch.bincount(drafts[ok], minlength=4) / torch.bincount(drafts[:, 0], minlength=4)
+    assert torch.allclose(kept_rate, accept, atol=0.01)
+    residual = (p - q).clamp(min=0) / (p - q).clamp(min=0).sum()
+    assert chi_square(torch.bincount(targets[~ok[:, 0], 0], minlength=4), residual) < chi_square_bound(3)
+    assert chi_square(torch.bincount(targets[:, 1], minlength=4), p) < chi_square_bound(3)
+
+
+def chi_square(counts, probs):
+    """Pearson's statistic of observed counts against expected probabilities (cells with p > 0)."""
+    counts = counts.double()
+    expected = probs.double() * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "a token of probability 0 was emitted"
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def chi_square_bound(dof):
+    """A threshold the statistic exceeds with probability ~1e-6 under the right distribution
+    (Wilson-Hilferty approximation), so that a correct sampler never fails by chance."""
+    z = 4.75
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def tiny_sampling_model(seed=2, std=0.7):
+    """A GPT with 5 tokens and a mask token, far from uniform, so that its masked-token
+    distribution q differs a lot from its next-token distribution p."""
+    torch.manual_seed(seed)
+    m = model_lib.build_model("gpt", n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=6)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+    return m.double().eval()
+
+
+@torch.no_grad()
+def enumerate_ntp(m, prompt, n, mask_id, temperature=1.0, top_k=None):
+    """{output tuple: probability} of NTP sampling n tokens, every output enumerated."""
+    V, probs = m.config.vocab_size, {}
+    for out in itertools.product([v for v in range(V) if v != mask_id], repeat=n):
+        idx = torch.tensor([prompt + list(out)])
+        logits, _ = m(idx)
+        logits[..., mask_id] = float("-inf")
+        p = F.softmax(filter_logits(logits[0, len(prompt) - 1:-1], temperature, top_k), dim=-1)
+        probs[out] = float(torch.prod(p[torch.arange(n), torch.tensor(out)]))
+    return probs
+
+
+def sampled_histogram(m, prompt, n, settings, rows=4000, calls=5):
+    counts = {}
+    g = torch.Generator().manual_seed(1)
+    for _ in range(calls):
+        out, _ = exact.exact_generate(m, torch.tensor([prompt] * rows), settings, n, generator=g)
+        for row in out:
+            counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    return counts
+
+
+def statistic(counts, probs, min_expected=5):
+    """-> (chi-square statistic, degrees of freedom) of sampled outputs against enumerated
+    probabilities. Outputs expected fewer than min_expected times are pooled into one cell, where
+    the chi-square approximation holds; an output of probability 0 must never be drawn."""
+    n = sum(counts.values())
+    assert set(counts) <= {o for o, p in probs.items() if p > 0}, "an impossible output was drawn"
+    big = [o for o in probs if probs[o] * n >= min_expected]
+    small = [o for o in probs if o not in big]
+    observed = [counts.get(o, 0) for o in big] + [sum(counts.get(o, 0) for o in small)]
+    expected = [probs[o] for o in big] + [sum(probs[o] for o in small)]
+    return chi_square(torch.tensor(observed), torch.tensor(expected)), len(big)
+
+
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_exact_sampling_is_distributed_as_ntp_sampling(top_k):
+    """3 tokens from a 5-token model: 125 outputs, their NTP probabilities enumerated; 20k exact
+    decodes at k=3 (two drafts per block) must fit them within the chi-square bound."""
+    m = tiny_sampling_model()
+    prompt, n = [1, 2, 3], 3
+    settings = DecodeSettings(mask_id=5, k=3, gamma=1e9, rule="left", exact=True, temperature=1.0,
+                              top_k=top_k)
+    probs = enumerate_ntp(m, prompt, n, 5, top_k=top_k)
+    value, dof = statistic(sampled_histogram(m, prompt, n, settings), probs)
+    assert dof >= 10 and value < chi_square_bound(dof)
+
+
+RIGHT_RULE = exact.accept_sampled
+
+
+def always_keep(drafts, q, p, generator=None):  # a wrong rule: every draft survives
+    ok, targets = RIGHT_RULE(drafts, q, p, generator)
+    return torch.ones_like(ok), targets
+
+
+def resample_from_p(drafts, q, p, generator=None):  # a wrong rule: the correction ignores q
+    ok, _ = RIGHT_RULE(drafts, q, p, generator)
+    return ok, sampling.sample(p, generator)
+
+
+@pytest.mark.parametrize("wrong_rule", [always_keep, resample_from_p])
+def test_a_wrong_acceptance_rule_fails_the_same_check(monkeypatch, wrong_rule):
+    m = tiny_sampling_model()
+    prompt, n = [1, 2, 3], 3
+    settings = DecodeSettings(mask_id=5, k=3, gamma=1e9, rule="left", exact=True, temperature=1.0)
+    probs = enumerate_ntp(m, prompt, n, 5)
+    monkeypatch.setattr(exact, "accept_sampled", wrong_rule)
+    value, dof = statistic(sampled_histogram(m, prompt, n, settings), probs)
+    assert value > 3 * chi_square_bound(dof)
+
+
+# -----------------------------------------------------------------------------
+# the adaptive block size
+
+
+def test_block_size_rule_by_hand():
+    K = 16
+    assert exact.next_block_size(16, 15, 15, 1, 0, K) == (16, 1, 0)  # all kept: stays at K
+    assert exact.next_block_size(4, 3, 3, 4, 0, K) == (8, 1, 0)  # all kept: doubles, patience resets
+    assert exact.next_block_size(16, 15, 6, 1, 0, K) == (7, 1, 0)  # shrinks to what survived + 1
+    assert exact.next_block_size(2, 1, 0, 2, 0, K) == (1, 4, 2)  # nothing survived: NTP, wait 2
+    assert exact.next_block_size(1, 0, 0, 4, 2, K) == (1, 4, 1)  # waiting at k = 1
+    assert exact.next_block_size(1, 0, 0, 4, 1, K) == (2, 4, 0)  # then tries 2 drafts' worth again
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 1e9])
+def test_adaptive_exact_never_costs_much_more_than_ntp(family, gamma):
+    """Random models draft almost always wrong. With adaptation each row spends at most its first
+    block's forwards beyond NTP's one forward per token; without it, γ = 0 pays for every block."""
+    K = 16
+    for seed in range(3):
+        m = random_model(family, seed)
+        prompts, _ = prompts_and_stop(m, 4, seed)
+        settings = DecodeSettings(mask_id=mask_id_of(m), k=K, gamma=gamma, exact=True, adaptive=True)
+        out, stats = exact.exact_generate(m, prompts, settings, 48)
+        ntp, ntp_stats = generate.ntp_generate(m, prompts, 48, mask_id=mask_id_of(m))
+        assert out == ntp
+        for b in range(4):
+            assert stats.nfe[b] <= ntp_stats.nfe[b] + K, f"seed {seed} row {b}"
+    plain = DecodeSettings(mask_id=mask_id_of(m), k=K, gamma=0.0, exact=True)
+    _, plain_stats = exact.exact_generate(m, prompts, plain, 48)
+    if gamma == 0.0:  # the bound is adaptation's doing
+        assert max(n - t for n, t in zip(plain_stats.nfe, ntp_stats.nfe)) > K

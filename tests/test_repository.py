@@ -1,0 +1,121 @@
+"""
+The repository as a reader meets it: every document it points to is in it, imports flow one way,
+the files a student reads for the method stay readable in one sitting, and ruff is clean.
+"""
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT_FILES = (".py", ".md", ".sh", ".toml", ".ini", ".txt")
+# a path-like reference to a document: letters, digits, _ . - / ending in .md (URLs are skipped)
+DOCUMENT = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
+# what a student reads for the method, and the budget that keeps each readable in one sitting
+LINE_BUDGET = {"sbd.py": 450, "generate.py": 450, "exact.py": 450, "sampling.py": 450,
+               "train.py": 450, "sample.py": 450, "model.py": 619}
+
+
+def tracked_files():
+    """The files git tracks, plus new ones it does not ignore (what a clone or handout holds)."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [f for f in out.splitlines() if os.path.exists(os.path.join(ROOT, f))]
+
+
+def missing_documents(files, root=ROOT):
+    """[(file:line, reference)] for every .md reference that resolves to no file of the repository,
+    neither from the repository's root nor from the referring file's folder."""
+    missing = []
+    for name in files:
+        if not name.endswith(TEXT_FILES):
+            continue
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                for ref in DOCUMENT.findall(re.sub(r"https?://\S+", "", line)):
+                    places = [os.path.join(root, ref), os.path.join(root, os.path.dirname(name), ref)]
+                    if not any(os.path.exists(p) for p in places):
+                        missing.append((f"{name}:{line_no}", ref))
+    return missing
+
+
+def test_every_document_referred_to_is_in_the_repository():
+    assert missing_documents(tracked_files()) == []
+
+
+def test_the_document_check_finds_a_missing_one(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "method.md").write_text("see NOTES.md and docs/method.md\n")
+    (tmp_path / "a.py").write_text("# docs/method.md, Inference; FINDINGS.md; https://x.org/y.md\n")
+    found = missing_documents(["docs/method.md", "a.py"], root=str(tmp_path))
+    assert found == [("docs/method.md:1", "NOTES.md"), ("a.py:1", "FINDINGS.md")]
+
+
+def project_imports():
+    """{module: the project modules it imports} for the top-level .py files (imports anywhere in
+    the file count, function-level ones included)."""
+    modules = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+    graph = {}
+    for module in modules:
+        with open(os.path.join(ROOT, f"{module}.py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+        graph[module] = sorted(imported & modules - {module})
+    return graph
+
+
+def find_cycle(graph):
+    """A list of modules that import each other in a circle, or None."""
+    state = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt, path + [nxt])
+                if cycle:
+                    return cycle
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [start])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_imports_flow_one_way():
+    assert find_cycle(project_imports()) is None
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]  # can fail
+
+
+@pytest.mark.parametrize("name, budget", sorted(LINE_BUDGET.items()))
+def test_method_files_fit_in_one_sitting(name, budget):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+        n = sum(1 for _ in f)
+    assert n <= budget, f"{name} has {n} lines, over its budget of {budget}: split it"
+
+
+def test_readme_is_short():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        words = len(f.read().split())
+    assert words <= 2600, f"README.md has {words} words: details belong in docs/"
+
+
+@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed (pip install ruff)")
+def test_ruff_is_clean():
+    done = subprocess.run(["ruff", "check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:]
