@@ -15,6 +15,7 @@ Each argument is either a config file (config/sbd_small.py, plain Python assignm
 
 import ast
 import difflib
+import os
 import sys
 import types
 
@@ -32,6 +33,31 @@ def report_errors(kind, error, traceback):
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     sys.__excepthook__(kind, error, traceback)
+
+
+def bf16_supported(device):
+    """Whether the device computes bfloat16 natively: a CUDA GPU that says so, or a CPU with
+    AVX512-BF16 or AMX (Linux reports them in /proc/cpuinfo). Elsewhere bf16 would be emulated and
+    slower than fp32."""
+    import torch
+
+    kind = str(device).split(":")[0]
+    if kind == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if kind != "cpu" or not os.path.exists("/proc/cpuinfo"):
+        return False
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype, device):
+    """'auto' -> 'bfloat16' where the device computes it natively, else 'float32'."""
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+    if dtype == "auto":
+        return "bfloat16" if bf16_supported(device) else "float32"
+    return dtype
 
 
 def pick_device(name=""):

@@ -34,7 +34,7 @@ import time
 import torch
 
 from configurator import configure, pick_device
-from evaluate_llama import load_run
+from pretrained import load_run
 from generate import format_steps
 from model import causal_mask, dense_mask, load_checkpoint
 from settings import decode, settings_for, write_calibration

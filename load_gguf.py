@@ -207,7 +207,7 @@ def load_gguf(path, device="cpu", dtype=None):
     tensors = {t.name: t for t in reader.tensors}
     rope_freqs = dequantize(tensors.pop(ROPE_FREQS), path) if ROPE_FREQS in tensors else None
     config = config_from_gguf(meta, tensors, path, rope_freqs)
-    tokenizer = GGUFTokenizer(meta, name=os.path.basename(path))
+    tokenizer = gguf_tokenizer(meta, path)
     if tokenizer.vocab_size != config.vocab_size:
         raise ConfigError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens, the model "
                          f"{config.vocab_size} embedding rows")
@@ -233,5 +233,10 @@ def load_gguf(path, device="cpu", dtype=None):
 
 def load_gguf_tokenizer(path):
     """Only the tokenizer of a GGUF file (reads the metadata, no weights)."""
-    meta = read_metadata(open_gguf(os.fspath(path)))
-    return GGUFTokenizer(meta, name=os.path.basename(path))
+    return gguf_tokenizer(read_metadata(open_gguf(os.fspath(path))), path)
+
+
+def gguf_tokenizer(meta, path):
+    tokenizer = GGUFTokenizer(meta, name=os.path.basename(path))
+    tokenizer.info = dict(kind="gguf", path=os.path.abspath(path))  # what a checkpoint keeps
+    return tokenizer

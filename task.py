@@ -36,6 +36,22 @@ def data_version(paths):
     return digest.hexdigest()[:16]
 
 
+def prepared_folder(name, made_file):
+    """data/<name>/, its data made by its prepare.py on first use (nothing downloads) and again when
+    prepare.py is newer than made_file (like make: a changed task must not meet old data)."""
+    folder = os.path.join(DATA_DIR, name)
+    prepare = os.path.join(folder, "prepare.py")
+    if not os.path.exists(prepare):
+        known = sorted(d for d in os.listdir(DATA_DIR)
+                       if os.path.exists(os.path.join(DATA_DIR, d, "prepare.py")))
+        raise ConfigError(f"unknown dataset {name!r}: no {prepare}. Known datasets: {known}")
+    made = os.path.join(folder, made_file)
+    if not os.path.exists(made) or os.path.getmtime(prepare) > os.path.getmtime(made):
+        print(f"preparing dataset {name} ...")
+        subprocess.run([sys.executable, prepare], check=True)
+    return folder
+
+
 def task_of_checkpoint(checkpoint, checkpoint_path):
     """The data/ task a small-model checkpoint was trained on, refused if its data changed since."""
     task = CharTask(checkpoint["dataset"])
@@ -56,17 +72,8 @@ def check_same_data(checkpoint, task, checkpoint_path):
 
 class CharTask:
     def __init__(self, name):
-        folder = os.path.join(DATA_DIR, name)
-        prepare = os.path.join(folder, "prepare.py")
-        if not os.path.exists(prepare):
-            known = sorted(d for d in os.listdir(DATA_DIR) if os.path.exists(os.path.join(DATA_DIR, d, "prepare.py")))
-            raise ConfigError(f"unknown dataset {name!r}: no {prepare}. Known datasets: {known}")
+        folder = prepared_folder(name, "meta.json")
         meta_path = os.path.join(folder, "meta.json")
-        # make the data on first use (nothing downloads), and again when prepare.py is newer than it (like make:
-        # a pulled change to the task must not meet data written by the old one)
-        if not os.path.exists(meta_path) or os.path.getmtime(prepare) > os.path.getmtime(meta_path):
-            print(f"preparing dataset {name} ...")
-            subprocess.run([sys.executable, prepare], check=True)
         with open(meta_path) as f:
             meta = json.load(f)
         self.name, self.meta = name, meta
@@ -145,53 +152,91 @@ class CharTask:
         return self.final_answer(completion) == self.final_answer(reference)
 
 
-class JsonlTask:
-    """Instruction data for a Llama: a local JSONL file with one {"prompt": "...", "response": "..."} per line.
+def read_jsonl(path, keys, what):
+    """A JSONL file -> [(line number, dict)] for its non-empty lines, each dict with a string at
+    every key of `keys` (other keys are kept). A malformed line is an error naming the file and
+    the line."""
+    shape = "{" + ", ".join(f'"{k}": "..."' for k in keys) + "}"
+    if not os.path.exists(path):
+        raise ConfigError(f"no {what} at {path}: expected a JSONL file with one {shape} object "
+                          "per line")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{line_no}: not JSON ({e.msg}, column {e.colno}): "
+                                  f"{line[:80]!r}") from None
+            if isinstance(row, dict) and isinstance(row.get("answer"), (int, float)) \
+                    and not isinstance(row["answer"], bool):
+                row["answer"] = str(row["answer"])  # a numeric answer may be a JSON number
+            if not (isinstance(row, dict) and all(isinstance(row.get(k), str) for k in keys)):
+                raise ConfigError(f"{path}:{line_no}: expected {shape} (strings; a number for "
+                                  f"an answer), got {line[:80]!r}")
+            rows.append((line_no, row))
+    if not rows:
+        raise ConfigError(f"{path}: no rows")
+    return rows
 
-    Each pair becomes one row of seq_len + 1 tokens in the Llama 3.1 chat format: a user turn and the open
-    assistant header (tokenizer.encode_chat, as sample.py prompts), the response, <|eot_id|>, then
-    <|finetune_right_pad_id|> as fill. Longer rows are cut at the end; a pair whose prompt alone fills the
-    seq_len inputs is dropped. Unlike CharTask the response starts at a different place in every row: `answer`
-    marks it, and train.py starts each row's noisy blocks at its first response token, as decoding starts its
-    first block.
-    The val split is a fixed 1% (at least one pair), drawn with a fixed seed.
+
+def chat_prompt(tokenizer, text):
+    """A user message -> the ids a chat model answers from: the tokenizer's chat template, ending
+    with the open assistant turn. Training rows, benchmarks and sample.py all prompt this way."""
+    return tokenizer.encode_chat([{"role": "user", "content": text}])
+
+
+def as_tokenizer(tokenizer):
+    """A tokenizer object, or the path of a Llama 3 tokenizer.model."""
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    if not os.path.exists(tokenizer):
+        raise ConfigError(f"no Llama tokenizer.model at {tokenizer} (it sits next to the weights)")
+    return Llama3Tokenizer(tokenizer)
+
+
+class JsonlTask:
+    """Instruction data for a chat model: {"prompt": ..., "response": ...} pairs in JSONL.
+
+    dataset: a .jsonl file (its val split is a fixed 1%, at least one pair, drawn with seed 0), or
+    the name of a data/<name>/ folder whose prepare.py writes train.jsonl and val.jsonl (made on
+    first use, as CharTask's). Each pair becomes one row of seq_len + 1 tokens: the chat prompt
+    (chat_prompt), the response, the turn's end token, then padding. Longer rows are cut at the
+    end; a pair whose prompt alone fills the seq_len inputs is dropped. Unlike CharTask the
+    response starts at a different place in every row: `answer` marks it, and train.py starts each
+    row's noisy blocks at its first response token, as decoding starts its first block.
     """
 
-    def __init__(self, path, tokenizer_path, seq_len, val_fraction=0.01):
-        if not os.path.exists(path):
-            raise ConfigError(f"no instruction data at {path}: expected a JSONL file with one "
-                                    '{"prompt": "...", "response": "..."} object per line')
-        if tokenizer_path is None or not os.path.exists(tokenizer_path):
-            raise ConfigError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
-        self.name, self.seq_len = path, seq_len
-        self.tokenizer = Llama3Tokenizer(tokenizer_path)
-        self.tokenizer_info = dict(kind="llama", path=os.path.abspath(tokenizer_path))
+    def __init__(self, dataset, tokenizer, seq_len, val_fraction=0.01):
+        self.tokenizer, self.seq_len = as_tokenizer(tokenizer), seq_len
         self.mask_id, self.stop_id = self.tokenizer.mask_id, self.tokenizer.eot_id
-        self.stop_ids = self.tokenizer.stop_ids  # <|end_of_text|>, <|eom_id|>, <|eot_id|>
-        self.pad_id = self.tokenizer.special["<|finetune_right_pad_id|>"]  # never produced by encoding text
-        pairs = self._read(path)
-        self.data_version = data_version([path])
-        order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)).tolist()
-        n_val = max(1, round(val_fraction * len(pairs)))
-        self.splits = {"train": [pairs[i] for i in order[n_val:]], "val": [pairs[i] for i in order[:n_val]]}
+        self.stop_ids = self.tokenizer.stop_ids
+        self.pad_id = self.tokenizer.pad_id  # fill after the turn's end, never a label
+        if dataset.endswith(".jsonl"):
+            self.name, paths = dataset, [dataset]
+            pairs = self.read(dataset)
+            order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(0)).tolist()
+            n_val = max(1, round(val_fraction * len(pairs)))
+            self.splits = {"train": [pairs[i] for i in order[n_val:]],
+                           "val": [pairs[i] for i in order[:n_val]]}
+        else:
+            folder = prepared_folder(dataset, "train.jsonl")
+            self.name, paths = dataset, [os.path.join(folder, f"{s}.jsonl") for s in ("train", "val")]
+            self.splits = {s: self.read(path) for s, path in zip(("train", "val"), paths)}
+        if len(self.splits["train"]) < 1:
+            raise ConfigError(f"{dataset}: no training pairs (a .jsonl needs at least two)")
+        self.data_version = data_version(paths)
 
-    def _read(self, path):
-        pairs = []
-        with open(path, encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    pair = json.loads(line)
-                except json.JSONDecodeError:
-                    pair = None
-                if not (isinstance(pair, dict) and all(isinstance(pair.get(k), str) for k in ("prompt", "response"))):
-                    raise ConfigError(f'{path}:{line_no}: expected {{"prompt": "...", "response": "..."}} '
-                                     f"(two strings), got {line[:80]!r}")
-                pairs.append((pair["prompt"], pair["response"]))
-        if len(pairs) < 2:
-            raise ConfigError(f"{path}: found {len(pairs)} prompt/response pairs; need at least 2 (one is held out)")
-        return pairs
+    @staticmethod
+    def read(path):
+        rows = read_jsonl(path, ("prompt", "response"), "instruction data")
+        return [(row["prompt"], row["response"]) for _, row in rows]
+
+    @property
+    def tokenizer_info(self):
+        return self.tokenizer.info
 
     @property
     def vocab_size(self):
@@ -204,13 +249,13 @@ class JsonlTask:
         return self.tokenizer.decode(ids)
 
     def encode_prompt(self, prompt):
-        """A user message -> chat-format ids ending with the open assistant header."""
-        return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return chat_prompt(self.tokenizer, prompt)
 
     def rows(self, split):
-        """(N, seq_len + 1) ids: chat prompt, response, <|eot_id|>, padding; and (N, seq_len + 1) bool, True
-        on the response and its <|eot_id|> (what the model must write)."""
-        rows, is_response, n_cut = [], [], 0
+        """(N, seq_len + 1) ids: chat prompt, response, the turn's end, padding; and two (N,
+        seq_len + 1) bool masks: the response and its end (what the model must write), and the
+        padding."""
+        rows, is_response, is_fill, n_cut = [], [], [], 0
         for prompt, response in self.splits[split]:
             p = self.encode_prompt(prompt)
             ids = p + self.encode(response.strip()) + [self.stop_id]
@@ -221,19 +266,21 @@ class JsonlTask:
             fill = self.seq_len + 1 - len(ids)
             rows.append(ids + [self.pad_id] * fill)
             is_response.append([False] * len(p) + [True] * (len(ids) - len(p)) + [False] * fill)
+            is_fill.append([False] * len(ids) + [True] * fill)
         if n_cut:
-            print(f"{self.name} {split}: {n_cut} of {len(self.splits[split])} pairs cut at seq_len={self.seq_len} "
-                  f"({len(self.splits[split]) - len(rows)} of them dropped: no room for the response)")
+            print(f"{self.name} {split}: {n_cut} of {len(self.splits[split])} pairs cut at "
+                  f"seq_len={self.seq_len} ({len(self.splits[split]) - len(rows)} of them dropped: "
+                  "no room for the response)")
         if not rows:
             raise ConfigError(f"{self.name} {split}: no pair fits in seq_len={self.seq_len} tokens")
-        return torch.tensor(rows, dtype=torch.long), torch.tensor(is_response)
+        return torch.tensor(rows), torch.tensor(is_response), torch.tensor(is_fill)
 
     def training_tensors(self, split, loss_on_answer_only):
-        """x, y (N, seq_len): inputs and next-token targets, IGNORE_INDEX on padding (and on the prompt if
-        loss_on_answer_only); answer (N, seq_len) bool: x[i] is a response token."""
-        rows, is_response = self.rows(split)
+        """x, y (N, seq_len): inputs and next-token targets, IGNORE_INDEX on padding (and on the
+        prompt if loss_on_answer_only); answer (N, seq_len) bool: x[i] is a response token."""
+        rows, is_response, is_fill = self.rows(split)
         x, y = rows[:, :-1], rows[:, 1:].clone()
-        learn = is_response[:, 1:] if loss_on_answer_only else rows[:, 1:] != self.pad_id  # (N, seq_len)
+        learn = is_response[:, 1:] if loss_on_answer_only else ~is_fill[:, 1:]  # (N, seq_len)
         y[~learn] = IGNORE_INDEX
         return x, y, is_response[:, :-1]
 
@@ -293,33 +340,15 @@ def final_answer(text, marker="", numeric=True):
 
 
 def read_benchmark(path, grade):
-    """A JSONL file of {"prompt": "...", "answer": "..."} rows -> [(prompt, answer)]; an answer may be a JSON number.
-    Other keys ("response": a reference completion for SFT data) are ignored. Every malformed line, and every answer
-    that grade(answer) cannot read, is an error naming the file and line."""
-    if not os.path.exists(path):
-        raise ConfigError(f'no benchmark at {path}: expected a JSONL file with one {{"prompt": "...", '
-                                f'"answer": "..."}} object per line')
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{line_no}: not JSON ({e.msg}, column {e.colno}): {line[:80]!r}") from None
-            answer = row.get("answer") if isinstance(row, dict) else None
-            if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-                answer = str(answer)
-            if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(answer, str)):
-                raise ConfigError(f'{path}:{line_no}: expected {{"prompt": "...", "answer": "..."}} (a string prompt, '
-                                 f"a string or number answer), got {line[:80]!r}")
-            if grade(answer) is None:
-                raise ConfigError(f"{path}:{line_no}: the grader finds no answer in {answer[:80]!r}")
-            rows.append((row["prompt"], answer))
-    if not rows:
-        raise ConfigError(f"{path}: no rows")
-    return rows
+    """A JSONL file of {"prompt": ..., "answer": ...} rows -> [(prompt, answer)]; an answer may be
+    a JSON number. Other keys (e.g. "response", a reference solution) are ignored. An answer that
+    grade(answer) cannot read is an error naming the file and line."""
+    rows = read_jsonl(path, ("prompt", "answer"), "benchmark")
+    for line_no, row in rows:
+        if grade(row["answer"]) is None:
+            raise ConfigError(f"{path}:{line_no}: the grader finds no answer in "
+                              f"{row['answer'][:80]!r}")
+    return [(row["prompt"], row["answer"]) for _, row in rows]
 
 
 def held_out(rows, n, seed=0):
@@ -330,51 +359,53 @@ def held_out(rows, n, seed=0):
 
 
 class BenchmarkTask:
-    """A benchmark with verifiable answers for a Llama: local JSONL files of {"prompt": ..., "answer": ...} rows.
+    """A benchmark with verifiable answers for a chat model: JSONL files of {"prompt": ...,
+    "answer": ...} rows.
 
-    The model gets each prompt as a user turn in the Llama 3.1 chat format with an open assistant header (as
-    JsonlTask and sample.py prompt) and writes until a stop token; final_answer() reads the answer out of the
-    completion and out of the reference alike, and the two must be equal. The interface is CharTask's, what
-    evaluate.py uses: name, splits {"val", "test"}, encode_prompt, decode, is_correct, stop_ids, mask_id,
-    max_new_tokens (evaluate.py cuts it per prompt to the model's context).
-    γ is calibrated on val, never on test: val is val_problems rows drawn with seed 0 from val_path, or, without
-    one, from the benchmark itself, whose other rows are then the test set (at most half of them go to val).
+    The model gets each prompt through chat_prompt (as in training and sample.py) and writes until
+    a stop token; final_answer() reads the answer out of the completion and out of the reference
+    alike, and the two must be equal. The interface is CharTask's, what evaluate.py uses: name,
+    splits {"val", "test"}, encode_prompt, decode, is_correct, stop_ids, mask_id, max_new_tokens
+    (evaluate.py cuts it per prompt to the model's context). γ is calibrated on val, never on test:
+    val is val_problems rows drawn with seed 0 from val_path, or, without one, from the benchmark
+    itself, whose other rows are then the test set (at most half of them go to val).
+    tokenizer: a tokenizer object, or the path of a Llama 3 tokenizer.model.
     """
 
-    def __init__(self, path, tokenizer_path, val_path=None, val_problems=200, max_new_tokens=512, answer_marker="",
-                 numeric=True):
-        if tokenizer_path is None or not os.path.exists(tokenizer_path):
-            raise ConfigError(f"no Llama tokenizer.model at {tokenizer_path} (it sits next to the weights)")
+    def __init__(self, path, tokenizer, val_path=None, val_problems=200, max_new_tokens=512,
+                 answer_marker="", numeric=True):
+        self.tokenizer = as_tokenizer(tokenizer)
         self.name, self.max_new_tokens = os.path.basename(path), max_new_tokens
         self.answer_marker, self.numeric = answer_marker, numeric
-        self.tokenizer = Llama3Tokenizer(tokenizer_path)
-        self.tokenizer_info = dict(kind="llama", path=os.path.abspath(tokenizer_path))
         self.mask_id, self.stop_ids = self.tokenizer.mask_id, self.tokenizer.stop_ids
-        # special tokens decode to text like "<|reserved_special_token_12|>": never graded as numbers
+        # special tokens decode to text such as "<|reserved_special_token_12|>": never a number
         self.special_text = re.compile("|".join(re.escape(name) for name in self.tokenizer.special))
-        rows = read_benchmark(path, self.final_answer)
+        grade = self.final_answer
+        rows = read_benchmark(path, grade)
         if val_path:
             test_prompts = {prompt for prompt, _ in rows}
-            val_rows = [r for r in read_benchmark(val_path, self.final_answer) if r[0] not in test_prompts]
+            val_rows = [r for r in read_benchmark(val_path, grade) if r[0] not in test_prompts]
             val, _ = held_out(val_rows, val_problems)
-            test, source = rows, f"{len(val)} rows of {val_path} (seed 0; none of them a test prompt)"
+            test, source = rows, f"{len(val)} rows of {val_path} (seed 0; none a test prompt)"
         else:
             val, test = held_out(rows, min(val_problems, len(rows) // 2))
-            source = f"{len(val)} of the {len(rows)} rows of {path} (seed 0); the test set is the other {len(test)}"
+            source = (f"{len(val)} of the {len(rows)} rows of {path} (seed 0); the test set is the "
+                      f"other {len(test)}")
         if not val or not test:
-            raise ConfigError(f"{path}: {len(test)} test and {len(val)} val rows; need at least one of each")
+            raise ConfigError(f"{path}: {len(test)} test and {len(val)} val rows; need at least "
+                              "one of each")
         self.splits = {"val": val, "test": test}
-        self.info = dict(benchmark=os.path.abspath(path), val=source, answer_marker=answer_marker, numeric=numeric,
-                         max_new_tokens=max_new_tokens)
+        self.info = dict(benchmark=os.path.abspath(path), val=source, answer_marker=answer_marker,
+                         numeric=numeric, max_new_tokens=max_new_tokens)
 
     def encode_prompt(self, prompt):
-        """A user message -> chat-format ids ending with the open assistant header (JsonlTask's, as in training)."""
-        return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        return chat_prompt(self.tokenizer, prompt)
 
     def decode(self, ids):
         return self.tokenizer.decode(ids)
 
     def final_answer(self, text):
+        """The task kind's one answer extractor (final_answer above) with this benchmark's marker."""
         return final_answer(text, self.answer_marker, self.numeric)
 
     def is_correct(self, completion, reference):

@@ -66,6 +66,8 @@ class Llama3Tokenizer:
         # any of these ends generation
         self.stop_ids = [self.eos_id, self.special["<|eom_id|>"], self.eot_id]
         self.mask_id = self.special["<|reserved_special_token_0|>"]  # the SBD mask token
+        self.pad_id = self.special["<|finetune_right_pad_id|>"]  # never produced by encoding text
+        self.info = dict(kind="llama", path=os.path.abspath(model_path))  # what a checkpoint keeps
 
     def encode(self, text, bos=False, eos=False):
         """Plain text -> ids. Text that looks like a special token ("<|eot_id|>" typed by a user)
@@ -281,8 +283,12 @@ class CharTokenizer:
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
         self.vocab_size = len(chars)
+        self.info = dict(kind="char", chars=chars)
 
     def encode(self, text):
+        unknown = sorted(set(text) - set(self.stoi))
+        if unknown:
+            raise ConfigError(f"characters outside the vocabulary: {unknown}")
         return [self.stoi[c] for c in text]
 
     def decode(self, ids):

@@ -1,0 +1,99 @@
+"""
+Pretrained Llama-family models as people download them, and what evaluate.py compares them on.
+
+    model, tokenizer = load_pretrained("SmolLM2-135M-Instruct.Q4_1.gguf")   # a GGUF file
+    model, tokenizer = load_pretrained("Meta-Llama-3.1-8B-Instruct")         # Meta or HF layout
+
+A Llama 3 directory loads through load_llama.py with its tokenizer.model; a GGUF file through
+load_gguf.py with the tokenizer in its metadata (pip install gguf). A train.py checkpoint records
+its tokenizer as tokenizer.info, and tokenizer_of rebuilds it. load_run loads an SBD-tuned run,
+its NTP baseline and a JSONL benchmark for evaluate.report:
+
+    python evaluate.py --out_dir=out-sbd-llama1b --benchmark=gsm8k_test.jsonl
+
+The NTP baseline is the run's own NTP fine-tune (out_dir/ckpt_ntp.pt) when it made one, else the
+model the run started from (train.py's init_from), or --baseline=<directory, .gguf or .pt>.
+"""
+
+import os
+
+import torch
+
+from configurator import ConfigError, resolve_dtype
+from load_llama import load_llama
+from model import load_checkpoint
+from task import BenchmarkTask
+from tokenizer import CharTokenizer, Llama3Tokenizer
+
+
+def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
+    """A Llama 3 directory or a GGUF file -> (model.Llama in eval mode, its tokenizer; None for a
+    directory without tokenizer.model when need_tokenizer is False)."""
+    if str(path).endswith(".gguf"):
+        from load_gguf import load_gguf  # needs the optional gguf package
+
+        model, info = load_gguf(path, device, dtype)
+        return model.eval(), info["tokenizer"]
+    model, info = load_llama(path, device, dtype)
+    if info["tokenizer_path"] is None:
+        if need_tokenizer:
+            raise ConfigError(f"{path}: no tokenizer.model next to the weights (or in original/)")
+        return model.eval(), None
+    return model.eval(), Llama3Tokenizer(info["tokenizer_path"])
+
+
+def tokenizer_of(info):
+    """Rebuild the tokenizer a checkpoint recorded (tokenizer.info)."""
+    if info["kind"] == "char":
+        return CharTokenizer(info["chars"])
+    if not os.path.exists(info["path"]):
+        raise ConfigError(f"the checkpoint's tokenizer is not at {info['path']} any more: put the "
+                          "file back, or pass the model it came from")
+    if info["kind"] == "gguf":
+        from load_gguf import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(info["path"])
+    return Llama3Tokenizer(info["path"])
+
+
+def load_run(out_dir, device, benchmark, val_benchmark="", baseline="", dtype="float32",
+             **task_settings):
+    """-> (NTP baseline, SBD model, SBD checkpoint, task) for evaluate.report(run=...), both
+    models in dtype ('auto': bf16 where the device computes it natively). task_settings:
+    BenchmarkTask's (val_problems, max_new_tokens, answer_marker, numeric)."""
+    dtype = getattr(torch, resolve_dtype(dtype, device))
+    sbd_model, checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt_sbd.pt"), device)
+    if checkpoint["model_family"] != "llama" or checkpoint["stage"] != "sbd":
+        raise ConfigError(f"{out_dir}/ckpt_sbd.pt is not an SBD-tuned Llama (train.py with a chat "
+                          "dataset writes one); the small demo needs no --benchmark")
+    sbd_model = sbd_model.to(dtype)  # FSDP checkpoints hold fp32 weights
+    own_baseline = os.path.join(out_dir, "ckpt_ntp.pt")
+    baseline = baseline or (own_baseline if os.path.exists(own_baseline)
+                            else checkpoint["config"]["init_from"])
+    ntp_model = load_baseline(baseline, device, dtype)
+    task = BenchmarkTask(benchmark, tokenizer_of(checkpoint["tokenizer"]),
+                         val_benchmark or None, **task_settings)
+    print(f"benchmark {task.name}: {len(task.splits['test'])} test problems; "
+          f"γ calibrated on {task.info['val']}; graded by {describe_grader(task)}; "
+          f"NTP baseline {baseline}; decoding in {str(dtype).removeprefix('torch.')}")
+    return ntp_model, sbd_model, checkpoint, task
+
+
+def load_baseline(where, device, dtype):
+    """The NTP model to compare against: a Llama directory, a GGUF file, or a train.py .pt file."""
+    if where == "resume":  # a resumed run's config names no directory
+        raise ConfigError("the run was resumed (its config says init_from='resume'): name the NTP "
+                          "model it started from with --baseline=<directory or .gguf>")
+    if where.endswith(".pt"):
+        model, _ = load_checkpoint(where, device)
+    else:
+        model, _ = load_pretrained(where, device, dtype, need_tokenizer=False)
+    return model.to(dtype).eval()
+
+
+def describe_grader(task):
+    where = (f"the first number after the last {task.answer_marker!r}, else " if task.answer_marker
+             else "")
+    return (f"{where}the last number of the completion, compared by value" if task.numeric else
+            f"the text after the last {task.answer_marker!r}" if task.answer_marker else
+            "the whole completion's text")
