@@ -29,7 +29,7 @@ import time
 import torch
 
 import roofline
-from configurator import ConfigError, configure
+from configurator import ConfigError, configure, resolve_dtype
 from generate import ntp_generate
 from model import build_model, dense_mask, load_checkpoint
 from sampling import DecodeSettings
@@ -59,6 +59,10 @@ rule = "entropy"
 num_prompts = 4  # decoded one at a time (batch 1, the setting of Eq. 16)
 max_new_tokens = 256
 timing_repeats = 30  # forwards per timing of a 1-, k- and 2k-token forward
+# batch: throughput against batch size, on out_dir's checkpoint (the demo, or a chat model)
+batch_sizes = (1, 4, 16, 64)
+batch_problems = 128  # problems decoded at every batch size, in batches of that size
+decode_dtype = "float32"  # 'float32', 'bfloat16', or 'auto' (bf16 where the CPU computes it)
 # roofline (the demo's shape and the random model above)
 roofline_ks = (1, 2, 4, 8, 16, 32)  # tokens per forward
 roofline_kv = 40  # tokens in the KV cache: mid-answer in the demo (13-token prompt, answers of ~59 tokens)
@@ -204,18 +208,128 @@ def mode_label(settings):
     return "exact SBD" if settings.exact else "SBD"
 
 
-def cpu_roofline_times(model, kv, ks, t1):
-    """{k: overhead + roofline(k)} for a GPT on this CPU (measured peak and bandwidth, fp32), the overhead being
-    what a measured 1-token forward t1 spends beyond its roofline; 'bare': the roofline alone. None for a Llama."""
-    if not hasattr(model, "transformer"):
-        return None
+def roofline_shape(model):
+    """The model's shapes in roofline.model_time's terms."""
     c = model.config
-    peak = peak_gflops * 1e9 or measure_peak()
-    bandwidth = bandwidth_gbs * 1e9 or measure_bandwidth(4 * sum(p.numel() for p in model.parameters()))
-    hw = dict(peak=peak, attention=peak, bandwidth=bandwidth, weight_bytes=4, kv_bytes=4)
-    shape = roofline.gpt_shape(c.n_layer, c.n_head, c.n_embd, c.vocab_size)
-    bare = {k: roofline.model_time(k, kv, 1, hw, shape) for k in ks}
-    return {**{k: t1 - bare[1] + bare[k] for k in ks}, "bare": bare}
+    if hasattr(model, "transformer"):
+        return roofline.gpt_shape(c.n_layer, c.n_head, c.n_embd, c.vocab_size)
+    return dict(dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
+                head_dim=c.head_dim, ffn=c.ffn_hidden, ffn_matrices=3, vocab=c.vocab_size)
+
+
+def cpu_hardware(model):
+    """This CPU as roofline.py's hardware: peak flop/s and bandwidth measured (or given) in the
+    model's dtype."""
+    dtype = next(model.parameters()).dtype
+    peak = peak_gflops * 1e9 or measure_peak(dtype)
+    nbytes = dtype.itemsize * sum(p.numel() for p in model.parameters())
+    bandwidth = bandwidth_gbs * 1e9 or measure_bandwidth(nbytes)
+    return dict(peak=peak, attention=peak, bandwidth=bandwidth, weight_bytes=dtype.itemsize,
+                kv_bytes=dtype.itemsize)
+
+
+def batch_setup():
+    """-> (model, prompts [ids], plain settings or None, exact settings, task, description) for
+    out_dir's checkpoint: the demo's test problems, or a chat model's val problems."""
+    from pretrained import tokenizer_of
+    from task import task_of_checkpoint
+
+    path = os.path.join(out_dir, "ckpt_sbd.pt")
+    model, checkpoint = load_checkpoint(path, device)
+    model = model.to(getattr(torch, resolve_dtype(decode_dtype, device)))
+    tokenizer = tokenizer_of(checkpoint["tokenizer"]) if checkpoint["model_family"] == "llama" else None
+    task = task_of_checkpoint(checkpoint, path, tokenizer)
+    problems = (task.splits.get("test") or task.splits["val"])[:batch_problems]
+    calibration = read_calibration(path, checkpoint)
+    exact = settings_for(checkpoint, calibration, k=k or None, exact=True)
+    try:
+        plain = settings_for(checkpoint, calibration, k=exact.k, gamma=gamma)
+    except ConfigError as e:
+        print(f"plain SBD not measured: {e}")
+        plain = None
+    return model, problems, plain, exact, task, path
+
+
+def bench_batch():
+    """Tokens per second of NTP, plain SBD and exact SBD against batch size, measured side by side,
+    and what the roofline of this CPU predicts from the forwards each decode fed (widths)."""
+    from evaluate import LeftPadded, batches
+
+    model, problems, plain, exact, task, path = batch_setup()
+    modes = {"NTP": (exact, True), "exact SBD": (exact, False)}
+    if plain:
+        modes["SBD"] = (plain, False)
+    hw, shape = cpu_hardware(model), roofline_shape(model)
+    n_prompt = len(task.encode_prompt(problems[0][0]))
+    kv = n_prompt + task.max_new_tokens // 2  # a mid-answer context for the roofline
+    t1 = forward_time(model, *filled_cache(model, kv), 1)  # what the roofline leaves out: overhead
+    overhead = t1 - roofline.model_time(1, kv, 1, hw, shape)
+    print(f"{path}: {len(problems)} problems at each batch size; {cpu_name()}, "
+          f"{torch.get_num_threads()} threads, {next(model.parameters()).dtype}; roofline: "
+          f"{hw['peak'] / 1e9:.0f} GFLOP/s, {hw['bandwidth'] / 1e9:.0f} GB/s, plus "
+          f"{1000 * overhead:.2f} ms per forward")
+    print(f"{'batch':>5} " + " ".join(f"{m + ' tok/s':>14} {'x NTP':>6} {'pred.':>6}" for m in modes)
+          + f" {'tok/fwd per row':>16}")
+    table = {}
+    for B in batch_sizes:
+        cells, per_row = {}, {}
+        for mode, (settings, ntp) in modes.items():
+            tokens, seconds, forwards, predicted = 0, 0.0, 0, 0.0
+            for _, prompts, n_pad, max_new in batches(task, model, problems, B):
+                padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model
+                _, stats = decode(padded, prompts.to(device), settings, max_new, ntp=ntp)
+                tokens, seconds = tokens + sum(stats.tokens), seconds + stats.wall_time
+                forwards += sum(stats.nfe)
+                predicted += sum(overhead + roofline.model_time(w, kv, len(stats.tokens), hw, shape)
+                                 for w in stats.widths)
+            cells[mode] = (tokens / seconds, tokens / predicted)
+            per_row[mode] = tokens / forwards
+        ntp_rate, ntp_pred = cells["NTP"]
+        table[B] = cells
+        print(f"{B:5d} " + " ".join(f"{rate:14.0f} {rate / ntp_rate:5.2f}x {pred / ntp_pred:5.2f}x"
+                                    for rate, pred in cells.values())
+              + "  " + ", ".join(f"{m} {v:.2f}" for m, v in per_row.items() if m != "NTP"))
+    for mode in (m for m in modes if m != "NTP"):
+        slower = [B for B in batch_sizes if table[B][mode][0] <= table[B]["NTP"][0]]
+        where = f"from batch {slower[0]} on" if slower else f"at none of {list(batch_sizes)}"
+        print(f"{mode} stops paying (no more tokens/s than NTP) {where}")
+    plot_batch(table, os.path.join(out_dir, "batch.png"))
+
+
+def plot_batch(table, path):
+    """Tokens per second against batch size per mode (measured, solid; roofline, dashed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(pip install matplotlib to get this table as a picture)")
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    sizes = sorted(table)
+    for mode in table[sizes[0]]:
+        line, = ax.plot(sizes, [table[B][mode][0] for B in sizes], "o-", label=f"{mode}, measured")
+        ax.plot(sizes, [table[B][mode][1] for B in sizes], "--", color=line.get_color(),
+                label=f"{mode}, roofline")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("tokens per second")
+    ax.set_title("Decoding throughput against batch size")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"picture: {path}")
+
+
+@torch.inference_mode()
+def filled_cache(model, n):
+    """(a KV cache holding n tokens, nothing else)."""
+    cache = model.new_cache(1, n + 40, device, dtype=next(model.parameters()).dtype)
+    model(torch.zeros(1, n, dtype=torch.long, device=device), cache=cache)
+    return (cache,)
 
 
 def best_time(fn, n):
@@ -229,9 +343,9 @@ def best_time(fn, n):
     return min(times)
 
 
-def measure_peak():
-    """This CPU's peak flop/s at torch's thread count: the best of 20 fp32 512x512 matmuls (2·512³ flops)."""
-    a = torch.randn(512, 512)
+def measure_peak(dtype=torch.float32):
+    """This CPU's peak flop/s at torch's thread count: the best of 20 512x512 matmuls in dtype."""
+    a = torch.randn(512, 512, dtype=dtype)
     return 2 * 512 ** 3 / best_time(lambda: a @ a, 20)
 
 
@@ -329,7 +443,7 @@ def bench_roofline():
                dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size))]
     for name, shape in models:
         if roofline_kv + max(roofline_ks) > shape["block_size"]:
-            raise SystemExit(f"{name}: KV {roofline_kv} + {max(roofline_ks)} tokens is past its context of "
+            raise ConfigError(f"{name}: KV {roofline_kv} + {max(roofline_ks)} tokens is past its context of "
                              f"{shape['block_size']}: lower --roofline_kv or --roofline_ks")
         roofline_vs_measured(name, shape, peak)
 
@@ -337,7 +451,8 @@ def bench_roofline():
 if __name__ == "__main__":
     if threads:
         torch.set_num_threads(threads)
-    benches = {"kvcache": bench_kvcache, "sbd": bench_sbd, "roofline": bench_roofline}
+    benches = {"kvcache": bench_kvcache, "sbd": bench_sbd, "batch": bench_batch,
+               "roofline": bench_roofline}
     if what not in benches:
-        raise SystemExit(f"what must be one of {', '.join(benches)}, got {what!r}")
+        raise ConfigError(f"what must be one of {', '.join(benches)}, got {what!r}")
     benches[what]()

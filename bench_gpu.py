@@ -47,7 +47,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import generate
 import roofline
-from configurator import configure, pick_device
+from configurator import ConfigError, configure, pick_device
 from model import LLAMA_PRESETS, Llama, LlamaConfig, dense_mask
 from sbd import hybrid_mask
 
@@ -146,10 +146,10 @@ device = pick_device(device)
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 config = LlamaConfig(**LLAMA_PRESETS[preset])
 if max(kv_lengths) + 3 * max(ks) > config.max_seq_len:
-    raise SystemExit(f"KV length {max(kv_lengths)} + 3 x {max(ks)} tokens is past {preset}'s "
+    raise ConfigError(f"KV length {max(kv_lengths)} + 3 x {max(ks)} tokens is past {preset}'s "
                      f"context of {config.max_seq_len}: lower --kv_lengths or --ks")
 if not device.startswith("cuda") and config.dim >= 1024:
-    raise SystemExit(f"{preset} on {device} would take hours: this is a GPU benchmark "
+    raise ConfigError(f"{preset} on {device} would take hours: this is a GPU benchmark "
                      "(--preset=llama-tiny on a CPU)")
 if not bandwidth and device.startswith("cuda"):
     name = torch.cuda.get_device_name()

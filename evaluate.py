@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from configurator import configure, pick_device
-from pretrained import load_run
+from configurator import ConfigError, configure, pick_device
+from pretrained import load_baseline, load_run, pretrained_path
 from generate import format_steps
 from model import causal_mask, dense_mask, load_checkpoint
 from settings import decode, settings_for, write_calibration
@@ -69,7 +69,7 @@ def skip_long_prompts(task, context):
             print(f"{task.name} {split}: skipped {skipped[split]} of {len(problems)} problems whose "
                   f"prompt is longer than the model's context ({context}) minus {MIN_NEW_TOKENS}")
         if not keep:
-            raise ValueError(f"{task.name}: no {split} problem fits the model's context of {context}")
+            raise ConfigError(f"{task.name}: no {split} problem fits the model's context of {context}")
         task.splits[split] = keep
     return skipped
 
@@ -321,40 +321,77 @@ def step_views(sbd_model, task, base, calibration, k, k_exact):
         print(format_steps(stats.steps, task.decode, task.mask_id, prompt=prompt))
 
 
-def plot_sweep(calibration, ntp_val_accuracy, path):
-    """Val accuracy against tokens per forward, one curve per k, γ_low/γ_high and the exact mode marked.
-    matplotlib is optional: without it, say how to get the picture and go on."""
+TAIL = (0.1, 1.0, 1e9)  # the picture goes on past the choice, up to revealing everything at once
+CURVE_GRID = (1e-3, 0.01, 0.1, 1.0, 1e9)  # a block size that is only drawn
+
+
+def curves(model, task, base, calibration, extra_ks, n, batch_size, exact_batch_size):
+    """{k: dict(points=[(γ, val accuracy, tokens per forward)], exact=tokens per forward, low,
+    high)} for the picture: each calibrated k's sweep continued past where the choice stopped (on
+    the first n val problems), and the extra block sizes swept coarsely on the same problems."""
+    val = task.splits["val"][:n]
+
+    def point(k, g):
+        r = solve(model, task, val, base.replace(k=k, gamma=g), batch_size=batch_size)
+        print(f"  picture   k={k:2d} γ={g:<7g} val accuracy {r['accuracy']:6.2f}%  "
+              f"{tokens_per_forward(r):5.2f} tokens/forward ({len(val)} val problems)")
+        return g, r["accuracy"], tokens_per_forward(r)
+
+    out = {}
+    for k, c in calibration.items():
+        tail = [point(k, g) for g in TAIL if g > c["sweep"][-1][0]]
+        out[k] = dict(points=c["sweep"] + tail, exact=max(t for _, t in c["exact_sweep"]),
+                      low=c["low"], high=c["high"])
+    for k in extra_ks:
+        exact = solve(model, task, val, base.replace(k=k, gamma=1e9, exact=True),
+                      batch_size=exact_batch_size)
+        out[k] = dict(points=[point(k, g) for g in CURVE_GRID], exact=tokens_per_forward(exact),
+                      low=None, high=None)
+    return out
+
+
+def plot_sweep(curves, ntp_val_accuracy, low_target, path):
+    """Val accuracy against tokens per forward, one curve per k from the smallest γ to revealing
+    every masked position at once; γ_low/γ_high and the exact mode (a star at NTP's accuracy)
+    marked. matplotlib is optional: without it, say how to get the picture and go on."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")  # no screen needed
         import matplotlib.pyplot as plt
     except ImportError:
         print("(pip install matplotlib to get this sweep as a picture)")
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for k, c in calibration.items():
-        tpf = dict((g, t) for g, _, t in c["sweep"])
-        line, = ax.plot([t for _, _, t in c["sweep"]], [a for _, a, _ in c["sweep"]], "o-", label=f"SBD k={k}")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for k, c in curves.items():
+        gammas, accs, tpfs = zip(*c["points"])
+        lossless = min(accs) >= ntp_val_accuracy - low_target
+        label = f"SBD k={k}" + (" (no γ loses accuracy)" if lossless else "")
+        line, = ax.plot(tpfs, accs, "o-", label=label)
+        ax.annotate("all at once", (tpfs[-1], accs[-1]), textcoords="offset points",
+                    xytext=(4, 4), fontsize=7, color=line.get_color())
         for name, marker in (("low", "v"), ("high", "^")):
             g = c[name]
             if g is not None:
-                acc = dict((g_, a) for g_, a, _ in c["sweep"])[g]
-                ax.plot(tpf[g], acc, marker, color=line.get_color(), markersize=12, markerfacecolor="none")
-                both = c["low"] == c["high"]  # one γ that is both gets one label, not two on top of each other
+                i = gammas.index(g)
+                ax.plot(tpfs[i], accs[i], marker, color=line.get_color(), markersize=12,
+                        markerfacecolor="none")
+                both = c["low"] == c["high"]  # one γ that is both gets one label
                 if name == "high" or not both:
                     text = "γ_low=γ_high" if both else f"γ_{name}"
-                    ax.annotate(f"{text}={g:g}", (tpf[g], acc), textcoords="offset points", xytext=(6, -12))
-        best = max(t for _, t in c["exact_sweep"])
-        ax.plot(best, ntp_val_accuracy, "*", color=line.get_color(), markersize=14, label=f"exact SBD k={k}")
-    ax.axhline(ntp_val_accuracy, color="gray", linestyle="--", label="NTP baseline (1 token/forward)")
-    # at least 2 points of scale below NTP: on a nearly perfect model one val problem (0.05 points) would
-    # otherwise fill the whole height and look like a cliff
-    accuracies = [a for c in calibration.values() for _, a, _ in c["sweep"]] + [ntp_val_accuracy]
-    ax.set_ylim(min(min(accuracies), ntp_val_accuracy - 2) - 0.2, max(accuracies) + 0.2)
+                    ax.annotate(f"{text}={g:g}", (tpfs[i], accs[i]), textcoords="offset points",
+                                xytext=(6, -12), fontsize=8)
+        ax.plot(c["exact"], ntp_val_accuracy, "*", color=line.get_color(), markersize=14,
+                label=f"exact SBD k={k}")
+    ax.axhline(ntp_val_accuracy, color="gray", linestyle="--", label="NTP (1 token/forward)")
+    # at least 2 points of scale below NTP: on a nearly perfect model one val problem (0.05 points)
+    # would otherwise fill the whole height and look like a cliff
+    accuracies = [a for c in curves.values() for _, a, _ in c["points"]] + [ntp_val_accuracy]
+    ax.set_ylim(min(min(accuracies), ntp_val_accuracy - 2) - 0.5, max(accuracies) + 0.5)
     ax.set_xlabel("tokens per forward (= NFE speed-up over NTP)")
     ax.set_ylabel("val accuracy (%)")
     ax.set_title("SBD: accuracy against forwards saved, one point per γ")
-    ax.legend(loc="best")
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -368,20 +405,51 @@ def load_small_run(out_dir, device):
     return ntp_model, sbd_model, checkpoint, task_of_checkpoint(checkpoint, f"{out_dir}/ckpt_sbd.pt")
 
 
-def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5,
-           timing_problems=None, max_problems=None, run=None, grid=None, batch_size=None,
-           exact_val_problems=None, exact_batch_size=1):
+# evaluate.py's settings (python evaluate.py --key=value); 0 and () take the task kind's DEFAULTS
+OPTIONS = dict(
+    out_dir="out-sbd-small",  # the run to evaluate: train.py's out_dir
+    device="",  # '' = the best there is: cuda -> mps -> cpu
+    ks=(8, 16),  # the block sizes calibrated and reported
+    picture_ks=(32,),  # block sizes only drawn in sweep.png
+    picture_problems=500,  # val problems of the picture's points past the calibration
+    max_problems=0,  # only the first max_problems of each split (0 = all)
+    low_target=0.5,  # γ_low: the largest γ that loses at most this many points of val accuracy
+    high_target=1.5,  # γ_high: the same with this many
+    gamma_grid=(),  # the γ values swept on val, upward
+    batch_size=0,  # prompts decoded together (NTP and plain SBD)
+    exact_batch_size=1,  # prompts decoded together by the exact mode
+    exact_val_problems=0,  # val problems that pick the exact mode's γ
+    timing_problems=0,  # test problems decoded one at a time for the wall-clock comparison
+    # a chat model (train.py with a pretrained init_from) on a JSONL benchmark (pretrained.py)
+    benchmark="",  # test rows {"prompt": ..., "answer": ...}; '' = the small demo of out_dir
+    val_benchmark="",  # γ is calibrated on val_problems rows of this file ('' = of benchmark)
+    val_problems=200,  # (without val_benchmark, at most half the benchmark; the rest is test)
+    baseline="",  # the NTP baseline: a directory, .gguf or .pt; '' = the run's own (pretrained.py)
+    answer_marker="",  # grade the number after the last '####' or in the last '\boxed{...}'
+    numeric=True,  # answers are numbers compared by value ('1,234' == '1234'); False: text
+    max_new_tokens=512,  # the longest completion (cut per prompt to the model's context)
+    dtype="float32",  # decoding: 'float32', 'bfloat16', or 'auto' (bf16 where the device has it)
+    fp32_check_problems=0,  # decoding in bf16: decode this many test problems in fp32 as well,
+    # where exact SBD must give the NTP decoding's output, token for token
+)
+
+
+def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **options):
     """Calibrate γ on val, evaluate on test, print the table, write out_dir/calibration.json and
-    the whole report to out_dir/report.json. max_problems: the first max_problems of each split
-    (a smoke run). run: (NTP baseline, SBD model, its checkpoint, task) already loaded
-    (evaluate_llama.load_run: a Llama on a JSONL benchmark); None: the small demo in out_dir.
-    Settings left None take the task kind's DEFAULTS."""
+    the whole report to out_dir/report.json. run: (NTP baseline, SBD model, its checkpoint, task)
+    already loaded (pretrained.load_run); None: the small demo in out_dir. reference: (name,
+    model), a row for the model the run started from. fp32_models: (NTP baseline, SBD model) in
+    fp32, for the identity check of a bf16 report. options: OPTIONS' keys."""
+    o = {**OPTIONS, **options}
     ntp_model, sbd_model, checkpoint, task = run or load_small_run(out_dir, device)
     defaults = DEFAULTS["small" if isinstance(task, CharTask) else "benchmark"]
-    grid, batch_size = grid or defaults["grid"], batch_size or defaults["batch_size"]
-    exact_val_problems = exact_val_problems or defaults["exact_val_problems"]
-    timing_problems = timing_problems or defaults["timing_problems"]
-    task.splits = {split: problems[:max_problems] for split, problems in task.splits.items()}
+    grid, batch_size = o["gamma_grid"] or defaults["grid"], o["batch_size"] or defaults["batch_size"]
+    exact_val_problems = o["exact_val_problems"] or defaults["exact_val_problems"]
+    timing_problems = o["timing_problems"] or defaults["timing_problems"]
+    exact_batch_size, low_target, high_target = (o["exact_batch_size"], o["low_target"],
+                                                 o["high_target"])
+    n = o["max_problems"] or None
+    task.splits = {split: problems[:n] for split, problems in task.splits.items()}
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
     base = settings_for(checkpoint, gamma=0.0)  # mask and stop tokens, the first-token rule
@@ -398,10 +466,19 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5,
           f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): γ_low within {low_target} points, "
           f"γ_high within {high_target}; γ grid {list(grid)}")
     calibration = {k: calibrate(sbd_model, task, base, ntp_val, k, low_target, high_target, grid,
-                                batch_size, exact_val_problems, exact_batch_size) for k in ks}
+                                batch_size, exact_val_problems, exact_batch_size)
+                   for k in o["ks"]}
     rows = table_rows(ntp_model, sbd_model, task, base, calibration,
                       dict(low=low_target, high=high_target), batch_size, exact_batch_size)
+    if reference is not None:  # the model the run started from, before any fine-tuning
+        name, model = reference
+        result = solve(model, task, task.splits["test"], base, ntp=True, batch_size=batch_size)
+        rows.insert(1, (f"{name} as loaded, NTP decoding", result))
     print_table(rows, task)
+    checks = {}
+    if fp32_models is not None:
+        checks["fp32"] = fp32_identity(*fp32_models, task, base, calibration, o["fp32_check_problems"],
+                                       batch_size, exact_batch_size)
 
     best_k = operating_point(calibration)
     if best_k is None:
@@ -411,7 +488,9 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5,
     wall = wall_clock(ntp_model, sbd_model, task, base, calibration, best_k, exact_k,
                       timing_problems)
     step_views(sbd_model, task, base, calibration, best_k, exact_k)
-    picture = plot_sweep(calibration, ntp_val, os.path.join(out_dir, "sweep.png"))
+    drawn = curves(sbd_model, task, base, calibration, o["picture_ks"], o["picture_problems"],
+                   batch_size, exact_batch_size)
+    picture = plot_sweep(drawn, ntp_val, low_target, os.path.join(out_dir, "sweep.png"))
 
     calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
     choices = dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"])
@@ -423,6 +502,7 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5,
         val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
         ntp_val_accuracy=ntp_val, budgets=dict(low=low_target, high=high_target),
         calibration={str(k): c for k, c in calibration.items()}, operating_k=best_k,
+        curves={str(k): c for k, c in drawn.items()},
         exact_k=exact_k,
         rows=[dict(name=name, key=row_key(name), **({} if r is None else dict(
             accuracy=r["accuracy"], delta=r["accuracy"] - baseline["accuracy"],
@@ -430,8 +510,9 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5,
             **({"same_as_ntp": r["same_as_ntp"]} if "same_as_ntp" in r else {}))))
               for name, r in rows],
         task=dict(name=task.name, skipped=skipped, **getattr(task, "info", {})),
-        gamma_grid=list(grid), wall_clock=wall, machine=platform.processor() or platform.machine(),
-        threads=torch.get_num_threads(),
+        gamma_grid=list(grid), wall_clock=wall, checks=checks,
+        machine=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
+        dtype=str(next(sbd_model.parameters()).dtype).removeprefix("torch."),
         device=torch.cuda.get_device_name() if str(device).startswith("cuda") else str(device),
         seconds=time.time() - t0, config=checkpoint.get("config"))
     with open(os.path.join(out_dir, "report.json"), "w") as f:
@@ -442,34 +523,49 @@ def report(out_dir, device="cpu", ks=(8, 16), low_target=0.5, high_target=1.5,
     return rows, calibration, wall
 
 
-if __name__ == "__main__":
-    out_dir = "out-sbd-small"  # the run to evaluate: train.py's out_dir
-    device = ""  # '' = autodetect
-    max_problems = 0  # only the first max_problems of each split (0 = all)
-    low_target = 0.5  # γ_low: the largest γ that loses at most this many points of val accuracy
-    high_target = 1.5  # γ_high: the same with this many
-    # 0 / () = the default of the task's kind (DEFAULTS: the small demo, or a benchmark)
-    gamma_grid = ()  # the γ values swept on val, upward
-    batch_size = 0  # prompts decoded together (NTP and SBD)
-    exact_batch_size = 1  # prompts decoded together by the exact mode
-    exact_val_problems = 0  # val problems that pick the exact mode's γ
-    timing_problems = 0  # test problems decoded one at a time for the wall-clock comparison
-    # an SBD-tuned Llama (train.py with a .jsonl dataset) on a JSONL benchmark (evaluate_llama.py)
-    benchmark = ""  # test rows {"prompt": ..., "answer": ...}; '' = the small demo task of out_dir
-    val_benchmark = ""  # γ is calibrated on val_problems rows of this file ('' = of benchmark)
-    val_problems = 200  # (without val_benchmark, at most half the benchmark; the rest is test)
-    baseline = ""  # the NTP baseline: a Llama directory or a .pt file; '' = the run's init_from
-    answer_marker = ""  # grade the number after the last '####' or in the last '\boxed{...}'
-    numeric = True  # answers are numbers compared by value ('1,234' == '1234'); False: text
-    max_new_tokens = 512  # the longest completion (cut per prompt to the model's context)
-    configure(globals(), sys.argv[1:])
-    device = pick_device(device)
-    run = None
+def fp32_identity(ntp_model, sbd_model, task, base, calibration, n, batch_size, exact_batch_size):
+    """The exact mode's promise where rounding cannot break ties differently: on the first n test
+    problems, in fp32, exact SBD's completions must equal the SBD model's NTP decoding."""
+    problems = task.splits["test"][:n]
+    ntp = solve(sbd_model, task, problems, base, ntp=True, batch_size=batch_size)["completions"]
+    result = {}
+    for k, c in calibration.items():
+        settings = base.replace(k=k, gamma=c["exact"], exact=True)
+        out = solve(sbd_model, task, problems, settings, batch_size=exact_batch_size)["completions"]
+        result[str(k)] = same = sum(a == b for a, b in zip(out, ntp))
+        print(f"fp32 check, exact SBD k={k}: completions identical to NTP decoding on {same} of "
+              f"{len(problems)} test problems")
+    return dict(problems=len(problems), identical=result)
+
+
+def main(argv):
+    """python evaluate.py [--key=value ...]: OPTIONS' keys."""
+    o = dict(OPTIONS)
+    configure(o, argv)
+    device = pick_device(o.pop("device"))
+    out_dir, benchmark = o["out_dir"], o["benchmark"]
+    run = reference = fp32_models = None
     if benchmark:
-        run = load_run(out_dir, device, benchmark, val_benchmark, baseline,
-                       val_problems=val_problems, max_new_tokens=max_new_tokens,
-                       answer_marker=answer_marker, numeric=numeric)
-    report(out_dir, device, low_target=low_target, high_target=high_target,
-           timing_problems=timing_problems, max_problems=max_problems or None, run=run,
-           grid=gamma_grid, batch_size=batch_size, exact_val_problems=exact_val_problems,
-           exact_batch_size=exact_batch_size)
+        run = load_run(out_dir, device, benchmark, o["val_benchmark"], o["baseline"],
+                       o["dtype"], val_problems=o["val_problems"],
+                       max_new_tokens=o["max_new_tokens"], answer_marker=o["answer_marker"],
+                       numeric=o["numeric"])
+        reference = load_reference(run[2], device, next(run[1].parameters()).dtype, o["baseline"])
+        if o["fp32_check_problems"] and next(run[1].parameters()).dtype != torch.float32:
+            fp32_models = load_run(out_dir, device, benchmark, o["val_benchmark"],
+                                   o["baseline"], "float32")[:2]
+    report(out_dir, device, run=run, reference=reference, fp32_models=fp32_models,
+           **{k: v for k, v in o.items() if k not in ("out_dir",)})
+
+
+def load_reference(checkpoint, device, dtype, baseline):
+    """(name, model) of the pretrained model a run started from, when it is not the baseline."""
+    init_from = (checkpoint.get("config") or {}).get("init_from", "")
+    if init_from in ("", "scratch", "resume") or init_from == baseline:
+        return None
+    model = load_baseline(init_from, device, dtype)
+    return os.path.basename(pretrained_path(init_from).rstrip("/")).removesuffix(".gguf"), model
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

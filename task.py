@@ -38,7 +38,7 @@ def data_version(paths):
 
 def prepared_folder(name, made_file):
     """data/<name>/, its data made by its prepare.py on first use (nothing downloads) and again when
-    prepare.py is newer than made_file (like make: a changed task must not meet old data)."""
+    a generator is newer than made_file (like make: a changed task must not meet old data)."""
     folder = os.path.join(DATA_DIR, name)
     prepare = os.path.join(folder, "prepare.py")
     if not os.path.exists(prepare):
@@ -46,15 +46,23 @@ def prepared_folder(name, made_file):
                        if os.path.exists(os.path.join(DATA_DIR, d, "prepare.py")))
         raise ConfigError(f"unknown dataset {name!r}: no {prepare}. Known datasets: {known}")
     made = os.path.join(folder, made_file)
-    if not os.path.exists(made) or os.path.getmtime(prepare) > os.path.getmtime(made):
+    # a variant task (data/addition_direct) runs another task's generator: any newer one counts
+    generators = [os.path.join(DATA_DIR, d, "prepare.py") for d in os.listdir(DATA_DIR)]
+    newest = max(os.path.getmtime(g) for g in generators if os.path.exists(g))
+    if not os.path.exists(made) or newest > os.path.getmtime(made):
         print(f"preparing dataset {name} ...")
         subprocess.run([sys.executable, prepare], check=True)
     return folder
 
 
-def task_of_checkpoint(checkpoint, checkpoint_path):
-    """The data/ task a small-model checkpoint was trained on, refused if its data changed since."""
-    task = CharTask(checkpoint["dataset"])
+def task_of_checkpoint(checkpoint, checkpoint_path, tokenizer=None):
+    """The task a checkpoint was trained on, refused if its data changed since: a data/ character
+    task, or chat pairs (tokenizer: the checkpoint's, pretrained.tokenizer_of rebuilds it)."""
+    if checkpoint["model_family"] == "llama":
+        seq_len = checkpoint["config"]["seq_len"]
+        task = JsonlTask(checkpoint["dataset"], tokenizer, seq_len)
+    else:
+        task = CharTask(checkpoint["dataset"])
     check_same_data(checkpoint, task, checkpoint_path)
     return task
 
@@ -228,6 +236,11 @@ class JsonlTask:
         if len(self.splits["train"]) < 1:
             raise ConfigError(f"{dataset}: no training pairs (a .jsonl needs at least two)")
         self.data_version = data_version(paths)
+
+    @property
+    def max_new_tokens(self):
+        """Decoding budget for a prompt of these pairs: a whole training row."""
+        return self.seq_len
 
     @staticmethod
     def read(path):

@@ -4,13 +4,16 @@ Train with next-token prediction (NTP), then fine-tune the same weights with Set
     python train.py config/sbd_small.py                      # the demo: both stages + Table 1
     python train.py config/sbd_small.py --sbd_iters=500      # any setting can be overridden
     python train.py config/sbd_small.py --init_from=resume   # continue exactly where a run stopped
+    python train.py config/sbd_smollm2.py                    # a real model on a CPU (SmolLM2)
     torchrun --standalone --nproc_per_node=8 train.py config/sbd_llama8b.py   # Llama-3.1-8B, FSDP
 
 Stage 1 (iterations [0, ntp_iters)) is ordinary NTP; its last weights are saved as
 out_dir/ckpt_ntp.pt, the baseline. Stage 2 (the next sbd_iters iterations) fine-tunes them with the
 SBD loss (Eq. 14: NTP on the clean half + masked-token prediction on the noisy half; sbd.py) with
 a fresh optimizer and its own warmup and cosine schedule, as one fine-tunes a pretrained model;
-saved as out_dir/ckpt_sbd.pt. out_dir/ckpt_resume.pt holds what is needed to continue exactly.
+saved as out_dir/ckpt_sbd.pt. With sbd_starts_from='init' stage 2 starts from init_from instead,
+so that the two stages are the paper's Table 1 pair: an NTP and an SBD fine-tune of the same model
+on the same data for the same steps. out_dir/ckpt_resume.pt holds what is needed to continue.
 
 A checkpoint is one dict: model (state dict), model_family ('gpt' or 'llama'), model_args, stage
 ('ntp' or 'sbd'), config (this run's settings), tokenizer (how to rebuild it), dataset and
@@ -34,17 +37,19 @@ from torch.distributed import barrier, destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
-from configurator import ConfigError, configure, pick_device
-from load_llama import find_tokenizer, init_mask_embedding, load_llama
-from model import GPT, GPTConfig, Llama, LlamaConfig, configure_optimizer, save_checkpoint
+from configurator import ConfigError, configure, pick_device, resolve_dtype
+from load_llama import init_mask_embedding
+from model import (IGNORE_INDEX, GPT, GPTConfig, Llama, LlamaConfig, configure_optimizer,
+                   save_checkpoint)
 
+from pretrained import load_pretrained, pretrained_path, tokenizer_of
 from task import CharTask, JsonlTask, check_same_data
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo
 out_dir = "out-sbd-small"
-dataset = "addition"  # data/<name>/ (made by its prepare.py), or a .jsonl of chat pairs (Llama)
-init_from = "scratch"  # 'scratch', 'resume' (out_dir/ckpt_resume.pt), or a Llama 3 directory
+dataset = "addition"  # data/<name>/ (made by its prepare.py), or a .jsonl of chat pairs
+init_from = "scratch"  # 'scratch', 'resume', or pretrained: a Llama 3 dir, a .gguf, 'smollm2'
 # model (GPT-2 style)
 n_layer = 4
 n_head = 4
@@ -59,6 +64,7 @@ gradient_accumulation_steps = 1
 ntp_iters = 1000
 ntp_lr = 2e-3
 # stage 2: SBD fine-tuning
+sbd_starts_from = "ntp"  # 'ntp': stage 1's weights; 'init': init_from's, as stage 1 did
 sbd_iters = 4800  # the masked-token path needs its own circuit: more steps than stage 1
 sbd_lr = 2e-3
 k_min = 8  # block size k ~ U{k_min..k_max} once per step (the paper: U{2..16}); it must cover
@@ -80,10 +86,11 @@ eval_iters = 4  # batches per loss estimate
 halt_after = -1  # stop after this many iterations (time-boxed runs, tests); resume continues
 report = True  # at the end: calibrate γ on val, Table 1 on test (evaluate.py)
 report_problems = 0  # val/test problems the report uses (0 = all; the end-to-end test: a few)
+report_args = ""  # a chat model's report: evaluate.py's settings, e.g. "--benchmark=... --k=16"
 # system
 seed = 1337
 device = ""  # '' = autodetect cuda -> mps -> cpu
-dtype = "float32"  # 'float32', 'bfloat16' or 'float16' (autocast on cuda)
+dtype = "float32"  # 'float32', 'bfloat16', 'float16' (CUDA), or 'auto': bf16 where native
 compile = False  # torch.compile: worth it on a GPU, slow to start on a CPU
 # fine-tuning a pretrained Llama 3 (config/sbd_llama8b.py)
 seq_len = 2048  # tokens per row of a .jsonl dataset: prompt, response, padding
@@ -92,14 +99,11 @@ activation_checkpointing = False  # Llama: recompute each block's activations in
 fsdp = False  # under torchrun: shard the model over the ranks (fp32 master weights)
 # -----------------------------------------------------------------------------
 config = configure(globals(), sys.argv[1:])
-llama = dataset.endswith(".jsonl")  # chat pairs fine-tune a Llama; data/<name> trains a GPT
-if init_from not in ("scratch", "resume") and not os.path.isdir(init_from):
-    raise ConfigError(f"init_from must be 'scratch', 'resume' or a Llama checkpoint directory, "
-                      f"got {init_from!r}")
-if llama and init_from == "scratch" or not llama and init_from not in ("scratch", "resume"):
-    raise ConfigError(f"dataset={dataset!r} with init_from={init_from!r}: a .jsonl dataset "
-                      "fine-tunes a Llama (init_from=<its directory> or 'resume'), a data/ dataset "
-                      "trains a GPT ('scratch' or 'resume')")
+pretrained = init_from not in ("scratch", "resume")
+if pretrained:
+    pretrained_path(init_from)  # a clear error now, before anything else runs
+if sbd_starts_from not in ("ntp", "init"):
+    raise ConfigError(f"sbd_starts_from must be 'ntp' or 'init', got {sbd_starts_from!r}")
 if attention not in ("sdpa", "flex"):
     raise ConfigError(f"attention must be 'sdpa' or 'flex', got {attention!r}")
 if not 1 <= k_min <= k_max:
@@ -127,13 +131,18 @@ else:
     device = pick_device(device)
 master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else device
-if fsdp and not (ddp and llama):
-    raise ConfigError("fsdp=True shards a Llama over the processes of torchrun")
 if attention == "flex" and device_type != "cuda":
     raise ConfigError("attention='flex' needs CUDA (flex_attention has no CPU backward): 'sdpa'")
+dtype = resolve_dtype(dtype, device)
+if dtype == "float16" and device_type != "cuda":
+    raise ConfigError("dtype='float16' needs CUDA; on a CPU use 'bfloat16' or 'auto'")
 ptdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-use_autocast = device_type == "cuda" and dtype != "float32"
-autocast = torch.autocast("cuda", ptdtype) if use_autocast else nullcontext()
+# mixed precision: the weights stay fp32, matmuls run in ptdtype (on a CPU with AMX or AVX512-BF16,
+# bf16 matmuls are 2-3x faster; elsewhere they are emulated and 'auto' keeps fp32)
+use_autocast = dtype != "float32" and device_type in ("cuda", "cpu")
+autocast = torch.autocast(device_type, ptdtype) if use_autocast else nullcontext()
+if master:
+    print(f"training in {'mixed ' + dtype if use_autocast else 'float32'} on {device}")
 scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))
 os.makedirs(out_dir, exist_ok=True)
 torch.manual_seed(seed + rank)
@@ -146,12 +155,20 @@ if init_from == "resume":
         raise ConfigError(f"init_from=resume but there is no {resume_path}; start afresh")
     checkpoint = torch.load(resume_path, map_location="cpu", mmap=True, weights_only=True)
 
+# a pretrained model fine-tunes on chat pairs with its own tokenizer; a small GPT trains from
+# scratch on a character task
+llama = pretrained or checkpoint is not None and checkpoint["model_family"] == "llama"
+if fsdp and not (ddp and llama):
+    raise ConfigError("fsdp=True shards a Llama over the processes of torchrun")
+llama_dtype = ptdtype if device_type == "cuda" and not fsdp else torch.float32
+model = tokenizer = None
+if pretrained:
+    model, tokenizer = load_pretrained(init_from, device, llama_dtype)
+elif llama:
+    tokenizer = tokenizer_of(checkpoint["tokenizer"])
+
 # data: fixed-length rows; `answer` marks each row's completion (what the model must write)
-if llama:  # tokenised by the Llama's own tokenizer, found next to its weights
-    tokenizer_path = (checkpoint["tokenizer"]["path"] if checkpoint else find_tokenizer(init_from))
-    task = JsonlTask(dataset, tokenizer_path, seq_len)
-else:
-    task = CharTask(dataset)
+task = JsonlTask(dataset, tokenizer, seq_len) if llama else CharTask(dataset)
 data = {split: task.training_tensors(split, loss_on_answer_only) for split in ("train", "val")}
 L = task.seq_len
 
@@ -159,7 +176,13 @@ L = task.seq_len
 def get_batch(split, generator, rows):
     x, y, answer = data[split]
     ix = torch.randint(len(x), (rows,), generator=generator)
-    return x[ix].to(device), y[ix].to(device), answer[ix].to(device)
+    x, y, answer = x[ix], y[ix], answer[ix]
+    if llama:  # chat rows end in padding: cut the columns that are padding in every row. Nothing
+        # earlier attends to them and they carry no label, so the loss is the same, for less work
+        used = ((y != IGNORE_INDEX) | answer).any(0).nonzero()  # a label, or a token to mask
+        n = int(used.max()) + 1 if len(used) else 1
+        x, y, answer = x[:, :n], y[:, :n], answer[:, :n]
+    return x.to(device), y.to(device), answer.to(device)
 
 
 def block_phases(answer, k, generator):
@@ -181,13 +204,12 @@ def forward_loss(model, stage, x, y, answer, k, generator):
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, phases, maskable, generator,
                                             flex=attention == "flex")  # (B, T), mask (B, T, T)
     logits, _ = model(idx, pos=pos, mask=mask)  # (B, T, vocab), T = 2L - the unread noisy prompt
-    return sbd.sbd_loss(logits, labels, L, ntp_weight)
+    return sbd.sbd_loss(logits, labels, x.size(1), ntp_weight)  # the clean half: x.size(1) slots
 
 
 # model: a small GPT from scratch, or a pretrained Llama (fp32 master weights under FSDP)
-llama_dtype = ptdtype if device_type == "cuda" and not fsdp else torch.float32
-if llama and checkpoint is None:
-    model, _ = load_llama(init_from, device, llama_dtype)
+initial_state = None  # sbd_starts_from='init': stage 2 starts again from these weights
+if pretrained:
     init_mask_embedding(model, task.mask_id)  # the mask token's row was never trained
     model_args = dataclasses.asdict(model.config)
 elif llama:  # resuming: the architecture from the checkpoint, its weights below
@@ -202,6 +224,15 @@ if llama and model.config.vocab_size != task.vocab_size:
     raise ConfigError(f"the tokenizer has {task.vocab_size} tokens, the model "
                       f"{model.config.vocab_size}")
 model.activation_checkpointing = activation_checkpointing  # a Llama switch (GPT has none)
+in_stage_1 = checkpoint is None or checkpoint["iter_num"] < ntp_iters
+if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
+    if fsdp:
+        raise ConfigError("sbd_starts_from='init' is not supported with fsdp")
+    if llama and checkpoint is not None:  # resumed in stage 1: init_from's weights again
+        source, _ = load_pretrained(checkpoint["config"]["init_from"], "cpu", torch.float32)
+        initial_state = init_mask_embedding(source, task.mask_id).state_dict()
+    else:  # the weights before any training (a scratch model's init is a function of the seed)
+        initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {device}")
 
 iter_num, stage = 0, "ntp" if ntp_iters > 0 else "sbd"
@@ -313,6 +344,9 @@ while iter_num < total_iters:
         save("ntp", stage_checkpoint())
         if master:
             print(f"saved the NTP baseline to {out_dir}/ckpt_ntp.pt; starting SBD fine-tuning")
+        if initial_state is not None:  # the paper's Table 1 pair: both stages from one model
+            raw_model.load_state_dict(initial_state)
+            initial_state = None
         stage, optimizer = "sbd", new_optimizer("sbd")
 
     if iter_num % eval_interval == 0 and (master or fsdp) and iter_num > 0:  # FSDP: every rank
@@ -372,10 +406,11 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
         save(stage, stage_checkpoint())
         if master:
             print(f"saved the {stage.upper()} model to {out_dir}/ckpt_{stage}.pt")
-        if stage == "sbd" and report and master and not llama:  # the small tasks' Table 1
+        if stage == "sbd" and report and master:  # Table 1 (evaluate.py)
             import evaluate
 
-            evaluate.report(out_dir, device=device, max_problems=report_problems or None)
+            evaluate.main([f"--out_dir={out_dir}", f"--device={device}",
+                           f"--max_problems={report_problems}", *report_args.split()])
 if ddp:  # wait for rank 0's checkpoints first: a rank that tears gloo down early can abort others
     barrier()
     destroy_process_group()

@@ -63,17 +63,16 @@ def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
     assert ntp_line.rstrip().endswith("1.00x [1.00x, 1.00x]")  # no γ column for a row without a γ
 
 
-def hand_made_calibration():
-    return {8: dict(low=1e-3, high=2e-3, exact=1e9,
-                    sweep=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0)],
-                    exact_sweep=[(0.1, 6.3), (1e9, 6.5)]),
-            16: dict(low=None, high=None, exact=1e9, sweep=[(3e-4, 98.0, 1.7)],
-                     exact_sweep=[(0.1, 10.4), (1e9, 10.9)])}
+def hand_made_curves():
+    """evaluate.curves' layout: k=8 with a choice and a cliff, k=16 lossless to the end."""
+    return {8: dict(low=1e-3, high=2e-3, exact=6.5,
+                    points=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0), (1e9, 80.0, 7.5)]),
+            16: dict(low=None, high=None, exact=10.9, points=[(3e-4, 99.9, 1.7), (1e9, 99.9, 15.0)])}
 
 
 def test_sweep_picture_is_written_with_matplotlib(tmp_path):
     pytest.importorskip("matplotlib")
-    path = evaluate.plot_sweep(hand_made_calibration(), 99.9, str(tmp_path / "sweep.png"))
+    path = evaluate.plot_sweep(hand_made_curves(), 99.9, 0.5, str(tmp_path / "sweep.png"))
     assert path and (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -87,6 +86,6 @@ def test_sweep_picture_without_matplotlib_says_how_to_get_it(tmp_path, monkeypat
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    assert evaluate.plot_sweep(hand_made_calibration(), 99.9, str(tmp_path / "sweep.png")) is None
+    assert evaluate.plot_sweep(hand_made_curves(), 99.9, 0.5, str(tmp_path / "sweep.png")) is None
     assert "pip install matplotlib" in capsys.readouterr().out
     assert not (tmp_path / "sweep.png").exists()

