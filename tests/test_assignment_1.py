@@ -1,8 +1,9 @@
 """
-Assignment 1 (attention masks), checks beyond the hand-written matrices of test_model.py and test_training.py:
-block_id floors (a position before the first block start is in block -1, not 0), and every mask is a pure
-function of (query slot, key slot): evaluated one scalar pair at a time it gives the dense matrix, which is
-what flex_attention relies on (it calls the function per tile, never with the whole matrix).
+Assignment 1 (attention masks), checks beyond the hand-written matrices of test_model.py and
+test_training.py: block_id floors (a position before the first block start is in block -1, not 0),
+and every mask is a pure function of (query slot, key slot): evaluated one scalar pair at a time it
+gives the dense matrix, which is what flex_attention relies on (it calls the function per tile,
+never with the whole matrix).
 """
 
 import torch
@@ -15,7 +16,8 @@ from model import dense_mask
 def test_block_id_floors_below_the_phase():
     i = torch.arange(-6, 10)
     got = sbd.block_id(i, 4, 1)  # blocks start at ..., -3, 1, 5, 9, ...
-    assert got.tolist() == [(x - 1) // 4 for x in range(-6, 10)]  # Python's // floors, as the rule needs
+    # Python's // floors, as the rule needs
+    assert got.tolist() == [(x - 1) // 4 for x in range(-6, 10)]
     assert got.tolist()[:8] == [-2, -2, -2, -1, -1, -1, -1, 0]
 
 
@@ -24,7 +26,8 @@ def assert_pure(mask_fn, n_queries, n_keys, query_offset=0):
     assert dense.dtype == torch.bool and dense.shape == (n_queries, n_keys)
     for qi in range(n_queries):
         for ki in range(n_keys):
-            one = mask_fn(torch.tensor(query_offset + qi), torch.tensor(ki))  # 0-d tensors, one pair at a time
+            # 0-d tensors, one pair at a time
+            one = mask_fn(torch.tensor(query_offset + qi), torch.tensor(ki))
             assert bool(one) == bool(dense[qi, ki]), f"query {query_offset + qi}, key {ki}"
 
 

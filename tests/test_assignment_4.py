@@ -1,7 +1,8 @@
 """
-Assignment 4 (reveal rules), checks beyond test_samplers.py: entropy of distributions whose entropy is
-known exactly (a one-hot row is 0, not nan: 0 * log 0 counts as 0), and the entropy bound of Eq. 8 on sorted
-entropies written with binary fractions, so that every sum is exact and no comparison depends on rounding.
+Assignment 4 (reveal rules), checks beyond test_samplers.py: entropy of distributions whose
+entropy is known exactly (a one-hot row is 0, not nan: 0 * log 0 counts as 0), and the entropy bound
+of Eq. 8 on sorted entropies written with binary fractions, so that every sum is exact and no
+comparison depends on rounding.
 """
 
 import math
@@ -18,19 +19,23 @@ def test_entropy_of_known_distributions():
         probs[0, 0, 3] = 1.0  # one-hot: entropy 0
         probs[0, 1] = 1.0 / V  # uniform: log V
         probs[0, 2, :2] = 0.5  # two equal outcomes: log 2
-        probs[1] = torch.softmax(torch.randn(3, V, generator=torch.Generator().manual_seed(0), dtype=dtype), -1)
+        logits = torch.randn(3, V, generator=torch.Generator().manual_seed(0), dtype=dtype)
+        probs[1] = torch.softmax(logits, -1)
         h = sampling.entropy(probs)
         assert h.shape == (2, 3) and not torch.isnan(h).any()
         assert h[0, 0] == 0
-        expected = [math.log(V), math.log(2)] + [-sum(p * math.log(p) for p in row) for row in probs[1].tolist()]
+        expected = [math.log(V), math.log(2)] + [-sum(p * math.log(p) for p in row)
+                                                 for row in probs[1].tolist()]
         got = [h[0, 1].item(), h[0, 2].item()] + h[1].tolist()
         assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(got, expected)), (got, expected)
 
 
 def test_entropy_bound_by_hand():
-    h_sorted = torch.tensor([[0.0, 0.25, 0.5, 1.0, 0.0],  # sorted entropies of the masked slots, then unmasked
+    # sorted entropies of the masked slots, then unmasked
+    h_sorted = torch.tensor([[0.0, 0.25, 0.5, 1.0, 0.0],
                              [0.5, 0.5, 2.0, 0.0, 0.0]])
-    masked_sorted = torch.tensor([[True, True, True, True, False], [True, True, True, False, False]])
+    masked_sorted = torch.tensor([[True, True, True, True, False],
+                                  [True, True, True, False, False]])
     # row 0: sums ahead of each slot 0, 0, 0.25, 0.75; row 1: 0, 0.5, 1.0
     expected = {0.0: [[1, 1, 0, 0, 0], [1, 0, 0, 0, 0]],
                 0.25: [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]],

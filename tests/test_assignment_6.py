@@ -1,10 +1,12 @@
 """
-Assignment 6 (Llama internals), checks beyond test_model.py and test_llama_io.py, with tolerances that accept
-any correct way of computing (float32 or float64, pow or exp-log, complex numbers or pairs of reals):
+Assignment 6 (Llama internals), checks beyond test_model.py and test_llama_io.py, with tolerances
+that accept any correct way of computing (float32 or float64, pow or exp-log, complex numbers or
+pairs of reals):
 
-- RoPE frequencies against docs/llama.md's rule at relative 1e-5 (a float32 exp-log computation is off by ~1e-6,
-  so test_model.py's 1e-6 would be too tight for it);
-- apply_rotary against Meta's complex-number reference, with per-row positions, in bf16 (returns bf16);
+- RoPE frequencies against docs/llama.md's rule at relative 1e-5 (a float32 exp-log computation is
+  off by ~1e-6, so test_model.py's 1e-6 would be too tight for it);
+- apply_rotary against Meta's complex-number reference, with per-row positions, in bf16 (returns
+  bf16);
 - hf_unpermute undoes hf_permute exactly for any head count and head size.
 """
 
@@ -21,7 +23,8 @@ RTOL = 1e-5
 
 
 def test_llama31_rope_frequencies():
-    """docs/llama.md: theta 500000, head_dim 128, scale 8, low/high factors 1 and 4, original context 8192."""
+    """docs/llama.md: theta 500000, head_dim 128, scale 8, low/high factors 1 and 4, original
+    context 8192."""
     got = rope_frequencies(LlamaConfig()).double()
     assert got.shape == (64,)
     expected = []
@@ -35,7 +38,8 @@ def test_llama31_rope_frequencies():
         else:  # in between: interpolated
             smooth = (8192 / wavelen - 1) / (4 - 1)
             expected.append((1 - smooth) * freq / 8 + smooth * freq)
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=RTOL, atol=0.0)
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64),
+                               rtol=RTOL, atol=0.0)
 
 
 def test_rope_without_scaling():
@@ -61,17 +65,21 @@ def test_apply_rotary_per_row_positions_and_dtype():
     B, nh, T, hd = 3, 2, 4, 8
     x = torch.randn(B, nh, T, hd, generator=g)
     inv_freq = torch.rand(hd // 2, generator=g)
-    pos = torch.stack([torch.arange(T) + 7 * b for b in range(B)])  # (B, T): each row its own positions
+    # (B, T): each row its own positions
+    pos = torch.stack([torch.arange(T) + 7 * b for b in range(B)])
     cos, sin = rotary_cos_sin(pos, inv_freq)  # (B, T, hd/2) each
     got = apply_rotary(x, cos, sin)
     for b in range(B):
         row_cos, row_sin = rotary_cos_sin(pos[b], inv_freq)  # (T, hd/2)
-        torch.testing.assert_close(got[b:b + 1], apply_rotary(x[b:b + 1], row_cos, row_sin), rtol=RTOL, atol=RTOL)
-    pair_norms = lambda t: t.float().unflatten(-1, (-1, 2)).norm(dim=-1)  # a rotation keeps each pair's length
+        alone = apply_rotary(x[b:b + 1], row_cos, row_sin)
+        torch.testing.assert_close(got[b:b + 1], alone, rtol=RTOL, atol=RTOL)
+    # a rotation keeps each pair's length
+    pair_norms = lambda t: t.float().unflatten(-1, (-1, 2)).norm(dim=-1)
     torch.testing.assert_close(pair_norms(got), pair_norms(x), rtol=RTOL, atol=RTOL)
     bf16 = apply_rotary(x.bfloat16(), cos, sin)
     assert bf16.dtype == torch.bfloat16 and bf16.shape == x.shape
-    torch.testing.assert_close(bf16.float(), got, rtol=2e-2, atol=2e-2)  # bf16 keeps ~3 significant digits
+    # bf16 keeps ~3 significant digits
+    torch.testing.assert_close(bf16.float(), got, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("n_heads, head_dim, dim", [(1, 4, 3), (3, 8, 5), (4, 16, 2)])
@@ -81,6 +89,8 @@ def test_hf_unpermute_inverts_hf_permute(n_heads, head_dim, dim):
     assert permuted.shape == w.shape and not torch.equal(permuted, w)
     assert torch.equal(hf_unpermute(permuted, n_heads), w)
     assert torch.equal(hf_permute(hf_unpermute(w, n_heads), n_heads), w)
-    # within a head, HF's row i holds Meta's row 2i (first halves) and row 2(i - hd/2) + 1 (second halves)
-    meta_row = [2 * i if i < head_dim // 2 else 2 * (i - head_dim // 2) + 1 for i in range(head_dim)]
+    # within a head, HF's row i holds Meta's row 2i (first halves) and row 2(i - hd/2) + 1
+    # (second halves)
+    meta_row = [2 * i if i < head_dim // 2 else 2 * (i - head_dim // 2) + 1
+                for i in range(head_dim)]
     assert torch.equal(permuted[:head_dim], w[meta_row])

@@ -66,8 +66,10 @@ def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
 def hand_made_curves():
     """evaluate.curves' layout: k=8 with a choice and a cliff, k=16 lossless to the end."""
     return {8: dict(low=1e-3, high=2e-3, exact=6.5,
-                    points=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0), (1e9, 80.0, 7.5)]),
-            16: dict(low=None, high=None, exact=10.9, points=[(3e-4, 99.9, 1.7), (1e9, 99.9, 15.0)])}
+                    points=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0),
+                            (1e9, 80.0, 7.5)]),
+            16: dict(low=None, high=None, exact=10.9,
+                     points=[(3e-4, 99.9, 1.7), (1e9, 99.9, 15.0)])}
 
 
 def test_sweep_picture_is_written_with_matplotlib(tmp_path):

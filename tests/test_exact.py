@@ -1,10 +1,12 @@
 """
-Exact SBD decoding (exact.exact_generate), checked against plain greedy NTP decoding of the same model.
+Exact SBD decoding (exact.exact_generate), checked against plain greedy NTP decoding of the same
+model.
 
-Random tiny models draft badly, so their drafts are rejected all the time: the tests below see hundreds of
-rejections and corrections, and the output must still be NTP's token for token. A scripted model whose drafts
-are right except at one chosen position checks that a wrong draft is caught exactly there. Models are in
-float64 so that no argmax can flip on rounding between the cached NTP path and the exact path.
+Random tiny models draft badly, so their drafts are rejected all the time: the tests below see
+hundreds of rejections and corrections, and the output must still be NTP's token for token. A
+scripted model whose drafts are right except at one chosen position checks that a wrong draft is
+caught exactly there. Models are in float64 so that no argmax can flip on rounding between the
+cached NTP path and the exact path.
 """
 
 from types import SimpleNamespace
@@ -12,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import tiny_models
 import exact
 import generate
 import sampling
+import tiny_models
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -36,8 +38,8 @@ def prompt_and_stop(m, seed, T0=5):
 
 
 def commit_forwards(stats, row=0):
-    """The forwards in which `row` committed tokens, each with its check, its block after the forward
-    (tokens, 1-D) and what the forward revealed."""
+    """The forwards in which `row` committed tokens, each with its check, its block after the
+    forward (tokens, 1-D) and what the forward revealed."""
     return [SimpleNamespace(check=s.check[row], tokens=s.tokens[row], revealed=s.revealed[row])
             for s in stats.steps if s.check is not None and s.check[row] is not None]
 
@@ -53,13 +55,16 @@ def test_exact_equals_greedy_ntp(family, k):
             for stop_ids in ([], [stop]):
                 ntp, _ = generate.ntp_generate(m, prompt, 24, stop_ids, mask_id=mask_id_of(m))
                 for gamma in (0.0, 0.1, 1e9):
-                    out, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=stop_ids, exact=True), 24, record_steps=True)
+                    settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma,
+                                                       stop_ids=stop_ids, exact=True)
+                    out, stats = exact.exact_generate(m, prompt, settings, 24, record_steps=True)
                     assert out == ntp, f"seed {seed} prompt {p} γ={gamma} stop {stop_ids}"
                     assert stats.tokens == [len(ntp[0])]
                     assert stats.nfe == [len(stats.steps)], "one recorded step per forward"
                     total_rejected += stats.rejected[0]
     if k > 1:
-        assert total_rejected > 50, "random drafts must really be rejected, or this test checks nothing"
+        assert total_rejected > 50, (
+            "random drafts must really be rejected, or this test checks nothing")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -68,13 +73,17 @@ def test_every_commit_forward_yields_a_verified_token(family):
     for p in range(3):
         prompt, stop = prompt_and_stop(m, p)
         for k, gamma in ((4, 0.0), (16, 0.1), (16, 1e9)):
-            out, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=[stop], exact=True), 30, record_steps=True)
+            settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma,
+                                               stop_ids=[stop], exact=True)
+            out, stats = exact.exact_generate(m, prompt, settings, 30, record_steps=True)
             checks = commit_forwards(stats)
-            for step in checks:  # kept drafts + (the correction, or the next block's first token from NTP)
-                gained = len(step.check.kept) + (step.check.correction is not None or step.tokens.numel() > 0)
+            # kept drafts + (the correction, or the next block's first token from NTP)
+            for step in checks:
+                from_ntp = step.check.correction is not None or step.tokens.numel() > 0
+                gained = len(step.check.kept) + from_ntp
                 assert gained >= 1
             assert len(checks) <= stats.tokens[0] + stats.final_checks[0]
-            # tokens = drafts NTP confirmed + tokens NTP gave itself (first tokens of blocks, corrections)
+            # tokens = drafts NTP confirmed + NTP's own tokens (first tokens of blocks, corrections)
             n_first = sum(1 for s in checks if s.tokens.numel() > 0)
             n_corrections = sum(1 for s in checks if s.check.correction is not None)
             assert stats.tokens[0] == stats.accepted[0] + n_first + n_corrections
@@ -84,9 +93,10 @@ def test_every_commit_forward_yields_a_verified_token(family):
 
 
 class ScriptedDrafts(torch.nn.Module):
-    """A model whose causal logits are the real model's, and whose block slots predict, with certainty, the
-    greedy NTP token at their position (`script`, indexed by position) — except at position `wrong_at`, where
-    they predict another token. Decoding it exactly must reject exactly one draft, at wrong_at."""
+    """A model whose causal logits are the real model's, and whose block slots predict, with
+    certainty, the greedy NTP token at their position (`script`, indexed by position) — except at
+    position `wrong_at`, where they predict another token. Decoding it exactly must reject exactly
+    one draft, at wrong_at."""
 
     def __init__(self, inner, script, wrong_at):
         super().__init__()
@@ -122,7 +132,8 @@ def test_a_wrong_draft_is_caught_and_corrected_where_it_is(family, wrong):
     ntp, _ = generate.ntp_generate(m, prompt, n, mask_id=mask_id_of(m))
     script = prompt[0].tolist() + ntp[0] + [0] * 8
     scripted = ScriptedDrafts(m, script, wrong_at=T0 + wrong)
-    out, stats = exact.exact_generate(scripted, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True), n, record_steps=True)
+    settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True)
+    out, stats = exact.exact_generate(scripted, prompt, settings, n, record_steps=True)
     assert out == ntp
     rejections = [s.check for s in commit_forwards(stats) if s.check.correction is not None]
     assert len(rejections) == 1
@@ -134,11 +145,13 @@ def test_a_wrong_draft_is_caught_and_corrected_where_it_is(family, wrong):
 
 
 def test_wasted_forwards_count_forwards_whose_reveals_all_went():
-    """γ = 0 reveals one draft per forward in entropy order; drafts of a random model are rejected early, so
-    the forwards that revealed only rejected slots are wasted, and they are at most the block's forwards."""
+    """γ = 0 reveals one draft per forward in entropy order; drafts of a random model are rejected
+    early, so the forwards that revealed only rejected slots are wasted, and they are at most the
+    block's forwards."""
     m = random_model("gpt-tiny")
     prompt, _ = prompt_and_stop(m, 1)
-    _, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=0.0, exact=True), 24, record_steps=True)
+    settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=0.0, exact=True)
+    _, stats = exact.exact_generate(m, prompt, settings, 24, record_steps=True)
     assert 0 < stats.wasted_forwards[0] < stats.nfe[0]
 
 
@@ -174,18 +187,23 @@ def test_max_new_tokens_and_stop_as_plain_mode():
     m = random_model("llama-tiny")
     prompt, stop = prompt_and_stop(m, 3)
     for n in (1, 2, 7, 16, 17):
-        out, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, exact=True), n)
+        settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, exact=True)
+        out, stats = exact.exact_generate(m, prompt, settings, n)
         assert len(out[0]) == n == stats.tokens[0]
     ntp, _ = generate.ntp_generate(m, prompt, 40, [stop], mask_id=mask_id_of(m))
-    out, _ = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, stop_ids=[stop], exact=True), 40)
+    settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, stop_ids=[stop],
+                                       exact=True)
+    out, _ = exact.exact_generate(m, prompt, settings, 40)
     assert out == ntp
 
 
 def test_exact_step_view_marks_rejections():
     m = random_model("gpt-tiny")
     prompt, _ = prompt_and_stop(m, 0)
-    _, stats = exact.exact_generate(m, prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True), 20, record_steps=True)
-    text = generate.format_steps(stats.steps, lambda ids: "".join(chr(65 + i % 26) for i in ids), mask_id_of(m))
+    settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True)
+    _, stats = exact.exact_generate(m, prompt, settings, 20, record_steps=True)
+    letters = lambda ids: "".join(chr(65 + i % 26) for i in ids)
+    text = generate.format_steps(stats.steps, letters, mask_id_of(m))
     assert len(text.splitlines()) == stats.nfe[0]
     assert "~" in text and "{" in text and "checks tokens" in text
 
@@ -199,5 +217,6 @@ def test_exact_errors(kwargs, message):
     m = random_model("gpt-tiny")
     n = kwargs.pop("max_new_tokens", 8)
     with pytest.raises(ValueError, match=message):
-        settings = sampling.DecodeSettings(**{**dict(k=4, gamma=0.1, mask_id=mask_id_of(m), exact=True), **kwargs})
+        defaults = dict(k=4, gamma=0.1, mask_id=mask_id_of(m), exact=True)
+        settings = sampling.DecodeSettings(**{**defaults, **kwargs})
         exact.exact_generate(m, torch.zeros(1, 3, dtype=torch.long), settings, n)

@@ -17,8 +17,8 @@ from torch.nn import functional as F
 import exact
 import generate
 import model as model_lib
-import tiny_models
 import sampling
+import tiny_models
 from sampling import DecodeSettings, filter_logits
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -112,7 +112,8 @@ def test_acceptance_rule_on_scripted_p_and_q():
     kept_rate = torch.bincount(drafts[ok], minlength=4) / torch.bincount(drafts[:, 0], minlength=4)
     assert torch.allclose(kept_rate, accept, atol=0.01)
     residual = (p - q).clamp(min=0) / (p - q).clamp(min=0).sum()
-    assert chi_square(torch.bincount(targets[~ok[:, 0], 0], minlength=4), residual) < chi_square_bound(3)
+    resampled = torch.bincount(targets[~ok[:, 0], 0], minlength=4)
+    assert chi_square(resampled, residual) < chi_square_bound(3)
     assert chi_square(torch.bincount(targets[:, 1], minlength=4), p) < chi_square_bound(3)
 
 
@@ -224,7 +225,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_check(monkeypatch, wrong_rule):
 def test_block_size_rule_by_hand():
     K = 16
     assert exact.next_block_size(16, 15, 15, 1, 0, K) == (16, 1, 0)  # all kept: stays at K
-    assert exact.next_block_size(4, 3, 3, 4, 0, K) == (8, 1, 0)  # all kept: doubles, patience resets
+    assert exact.next_block_size(4, 3, 3, 4, 0, K) == (8, 1, 0)  # all kept: 2x, patience resets
     assert exact.next_block_size(16, 15, 6, 1, 0, K) == (7, 1, 0)  # shrinks to what survived + 1
     assert exact.next_block_size(2, 1, 0, 2, 0, K) == (1, 4, 2)  # nothing survived: NTP, wait 2
     assert exact.next_block_size(1, 0, 0, 4, 2, K) == (1, 4, 1)  # waiting at k = 1
@@ -240,7 +241,8 @@ def test_adaptive_exact_never_costs_much_more_than_ntp(family, gamma):
     for seed in range(3):
         m = random_model(family, seed)
         prompts, _ = prompts_and_stop(m, 4, seed)
-        settings = DecodeSettings(mask_id=mask_id_of(m), k=K, gamma=gamma, exact=True, adaptive=True)
+        settings = DecodeSettings(mask_id=mask_id_of(m), k=K, gamma=gamma, exact=True,
+                                  adaptive=True)
         out, stats = exact.exact_generate(m, prompts, settings, 48)
         ntp, ntp_stats = generate.ntp_generate(m, prompts, 48, mask_id=mask_id_of(m))
         assert out == ntp

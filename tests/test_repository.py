@@ -22,8 +22,8 @@ LINE_BUDGET = {"sbd.py": 450, "generate.py": 450, "exact.py": 450, "sampling.py"
 
 def tracked_files():
     """The files git tracks, plus new ones it does not ignore (what a clone or handout holds)."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [f for f in out.splitlines() if os.path.exists(os.path.join(ROOT, f))]
 
 
@@ -37,7 +37,8 @@ def missing_documents(files, root=ROOT):
         with open(os.path.join(root, name), encoding="utf-8") as f:
             for line_no, line in enumerate(f, 1):
                 for ref in DOCUMENT.findall(re.sub(r"https?://\S+", "", line)):
-                    places = [os.path.join(root, ref), os.path.join(root, os.path.dirname(name), ref)]
+                    places = [os.path.join(root, ref),
+                              os.path.join(root, os.path.dirname(name), ref)]
                     if not any(os.path.exists(p) for p in places):
                         missing.append((f"{name}:{line_no}", ref))
     return missing

@@ -1,6 +1,7 @@
 """
-The reveal rules and the token choice of sbd.py, each checked against its rule written out again here
-by hand: a plain per-row Python loop over sorted lists, slow but obviously the rule in the paper.
+The reveal rules and the token choice of sampling.py, each checked against its rule written out
+again here by hand: a plain per-row Python loop over sorted lists, slow but obviously the rule in
+the paper.
 """
 
 import math
@@ -8,7 +9,6 @@ import math
 import pytest
 import torch
 
-import sbd
 import sampling
 
 # -----------------------------------------------------------------------------
@@ -16,7 +16,8 @@ import sampling
 
 
 def by_hand_entropy(probs, masked, gamma):
-    """EB-Sampler Eq. 8: entropy ascending (ties: lower position); largest s with H_(1)+..+H_(s-1) <= γ."""
+    """EB-Sampler Eq. 8: entropy ascending (ties: lower position); largest s with
+    H_(1)+..+H_(s-1) <= γ."""
     h = [entropy_of(p) for p in probs]
     order = sorted((i for i in range(len(h)) if masked[i]), key=lambda i: (h[i], i))
     return reveal_largest_prefix(order, lambda s: sum(h[i] for i in order[:s - 1]) <= gamma)
@@ -65,21 +66,25 @@ BY_HAND = {"entropy": by_hand_entropy, "confidence": by_hand_confidence, "factor
 
 
 def check_against_by_hand(rule, probs, is_masked, threshold):
-    """Run sbd's vectorised rule on the batch and the by-hand rule row by row; they must agree."""
+    """Run sampling's vectorised rule on the batch and the by-hand rule row by row; they must
+    agree."""
     reveal = sampling.REVEAL_RULES[rule](probs, is_masked, threshold)  # (B, k)
     assert reveal.dtype == torch.bool and reveal.shape == is_masked.shape
     for b in range(probs.size(0)):
         expected = BY_HAND[rule](probs[b].tolist(), is_masked[b].tolist(), threshold)
         got = set(torch.nonzero(reveal[b]).flatten().tolist())
-        assert got == expected, f"rule {rule}, row {b}: revealed {sorted(got)}, by hand {sorted(expected)}"
+        assert got == expected, (
+            f"rule {rule}, row {b}: revealed {sorted(got)}, by hand {sorted(expected)}")
     return reveal
 
 
 def random_block(B=6, k=8, V=11, seed=0, p_masked=0.7):
-    """Probabilities (B, k, V) with entropies spread from near 0 to near log V, and a random mask."""
+    """Probabilities (B, k, V) with entropies spread from near 0 to near log V, and a random
+    mask."""
     g = torch.Generator().manual_seed(seed)
     sharpness = torch.rand(B, k, 1, generator=g, dtype=torch.float64) * 6  # 0: flat, 6: peaked
-    probs = torch.softmax(torch.randn(B, k, V, generator=g, dtype=torch.float64) * sharpness, dim=-1)
+    logits = torch.randn(B, k, V, generator=g, dtype=torch.float64) * sharpness
+    probs = torch.softmax(logits, dim=-1)
     is_masked = torch.rand(B, k, generator=g) < p_masked
     return probs, is_masked
 
@@ -103,7 +108,8 @@ def test_rule_matches_by_hand(rule, threshold, seed):
 
 @pytest.mark.parametrize("rule", RULES)
 def test_thresholds_in_between_vary_the_count(rule):
-    """The by-hand comparison means something: between the extremes, rows reveal different counts."""
+    """The by-hand comparison means something: between the extremes, rows reveal different
+    counts."""
     probs, is_masked = random_block(B=32, seed=3, p_masked=1.0)
     threshold = {"entropy": 1.0, "confidence": 1.0, "factor": 1.0}[rule]
     reveal = check_against_by_hand(rule, probs, is_masked, threshold)
@@ -132,10 +138,12 @@ def test_factor_extremes():
 
 
 def test_factor_rule_is_one_minus_confidence():
-    """Two positions of confidence 0.9: (2+1)(1-0.9) = 0.3 < f = 0.5 reveals both; docs/method.md's
-    (n+1)·c_(n) = 2.7 would not. One position of 0.6 after them: (3+1)(1-0.6) = 1.6 >= 0.5 stops it."""
+    """Two positions of confidence 0.9: (2+1)(1-0.9) = 0.3 < f = 0.5 reveals both;
+    docs/method.md's (n+1)·c_(n) = 2.7 would not. One position of 0.6 after them:
+    (3+1)(1-0.6) = 1.6 >= 0.5 stops it."""
     V = 4
-    rows = [[0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3], [0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3], [0.6, 0.2, 0.1, 0.1]]
+    rows = [[0.9, 0.1 / 3, 0.1 / 3, 0.1 / 3], [0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3],
+            [0.6, 0.2, 0.1, 0.1]]
     probs = torch.tensor([rows], dtype=torch.float64)  # (1, 3, V)
     assert probs.shape == (1, 3, V)
     reveal = sampling.reveal_factor(probs, torch.ones(1, 3, dtype=torch.bool), 0.5)
@@ -144,19 +152,23 @@ def test_factor_rule_is_one_minus_confidence():
 
 @pytest.mark.parametrize("rule", RULES)
 def test_ties_keep_lower_position_first(rule):
-    """Identical distributions everywhere: the rule that reveals one picks the lowest masked position."""
+    """Identical distributions everywhere: the rule that reveals one picks the lowest masked
+    position."""
     k, V = 6, 5
-    probs = torch.softmax(torch.tensor([3.0, 1.0, 0.0, 0.0, -1.0], dtype=torch.float64), 0).expand(2, k, V)
+    logits = torch.tensor([3.0, 1.0, 0.0, 0.0, -1.0], dtype=torch.float64)
+    probs = torch.softmax(logits, 0).expand(2, k, V)
     is_masked = torch.tensor([[False, True, True, True, False, True], [True] * k])
     reveal = sampling.REVEAL_RULES[rule](probs, is_masked, 0.0)
-    assert reveal.tolist() == [[False, True, False, False, False, False], [True] + [False] * (k - 1)]
+    assert reveal.tolist() == [[False, True, False, False, False, False],
+                               [True] + [False] * (k - 1)]
     check_against_by_hand(rule, probs, is_masked, 0.0)
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_single_mask_and_no_mask(rule):
     probs, _ = random_block(B=3, k=5, seed=6)
-    is_masked = torch.tensor([[False, False, True, False, False], [False] * 5, [True] + [False] * 4])
+    is_masked = torch.tensor([[False, False, True, False, False], [False] * 5,
+                              [True] + [False] * 4])
     reveal = sampling.REVEAL_RULES[rule](probs, is_masked, 0.0)
     assert torch.equal(reveal, is_masked), "a single mask is always revealed; no mask, nothing"
 
@@ -196,7 +208,8 @@ def test_greedy_and_top_k():
     logits = torch.randn(8, 5, 30)
     assert torch.equal(sampling.pick_tokens(logits), logits.argmax(-1))
     g = torch.Generator().manual_seed(0)
-    assert torch.equal(sampling.pick_tokens(logits, temperature=2.0, top_k=1, generator=g), logits.argmax(-1))
+    top1 = sampling.pick_tokens(logits, temperature=2.0, top_k=1, generator=g)
+    assert torch.equal(top1, logits.argmax(-1))
     top3 = torch.topk(logits, 3, dim=-1).indices  # (8, 5, 3)
     for _ in range(5):
         drawn = sampling.pick_tokens(logits, temperature=1.5, top_k=3, generator=g)  # (8, 5)

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 import torch
-
 from test_gguf import mixed_file  # skips this module without the gguf package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,8 +1,9 @@
 """
-SBD training (sbd.py's top half and train.py), checked against docs/method.md and against the decoding path:
-the training mask and labels against the worked example, the noise against "η ~ U(0,1) once per sequence",
-the 2L training forward against prefill + block forward through the KV cache, and train.py end to end
-(both stages, the report, exact resume, clear errors) in subprocesses with tiny settings.
+SBD training (sbd.py's top half and train.py), checked against docs/method.md and against the
+decoding path: the training mask and labels against the worked example, the noise against
+"η ~ U(0,1) once per sequence", the 2L training forward against prefill + block forward through
+the KV cache, and train.py end to end (both stages, the report, exact resume, clear errors) in
+subprocesses with tiny settings.
 """
 
 import json
@@ -14,12 +15,12 @@ import time
 import pytest
 import torch
 
+import generate
 import model as model_lib
-from tiny_models import random_model
 import sbd
 from model import IGNORE_INDEX
 from task import CharTask
-import generate
+from tiny_models import random_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -29,7 +30,8 @@ FAMILIES = ["gpt-tiny", "llama-tiny"]
 
 
 def test_training_mask_is_the_worked_example():
-    # docs/method.md, L = 8, k = 4; columns: clean x1..x8 | noisy x̂1..x̂8 (here 0-based c0..c7 | n0..n7)
+    # docs/method.md, L = 8, k = 4; columns: clean x1..x8 | noisy x̂1..x̂8
+    # (here 0-based c0..c7 | n0..n7)
     expected = [
         [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # clean: causal, never the noisy half
         [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
@@ -39,11 +41,11 @@ def test_training_mask_is_the_worked_example():
         [1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],
-        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],  # first noisy block: only its own four slots
+        [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],  # first noisy block: just its own 4 slots
         [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
         [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
         [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],  # second: clean x1..x4 and its own four slots
+        [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],  # second: clean x1..x4 + its own 4 slots
         [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
         [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1],
         [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]]
@@ -55,7 +57,8 @@ def test_training_mask_is_the_worked_example():
 
 
 def mask_by_the_rules(L, k, phase):
-    """docs/method.md's four rules, 1-based as written there, blocks of k starting at phase + 1, phase + 1 ± k, ..."""
+    """docs/method.md's four rules, 1-based as written there, blocks of k starting at phase + 1,
+    phase + 1 ± k, ..."""
     T = 2 * L
     mask = torch.zeros(T, T, dtype=torch.bool)
     block = lambda i: (i - 1 - phase) // k  # block of 1-based noisy position i
@@ -134,7 +137,8 @@ def test_masking_rate_is_drawn_per_sequence():
     """η ~ U(0,1) once per sequence: the rows' mask fractions spread over (0, 1), while inside a row
     both halves are masked at the same rate (that row's η)."""
     B, L = 400, 1000
-    _, is_masked = sbd.add_noise(torch.zeros(B, L, dtype=torch.long), 1, generator=torch.Generator().manual_seed(0))
+    x = torch.zeros(B, L, dtype=torch.long)
+    _, is_masked = sbd.add_noise(x, 1, generator=torch.Generator().manual_seed(0))
     frac = is_masked.float().mean(dim=1)  # (B,)
     # U(0,1) has std 0.29; a rate per batch gives ~0, a rate per token ~0.016
     assert frac.std() > 0.2, f"rows' mask fractions spread {frac.std():.3f}: draw η once per row"
@@ -146,7 +150,8 @@ def test_masking_rate_is_drawn_per_sequence():
 
 
 def test_loss_is_one_cross_entropy_over_all_labelled_positions():
-    """Eq. 14 (docs/method.md, Loss): -log p of every labelled position, NTP and masked tokens alike, averaged."""
+    """Eq. 14 (docs/method.md, Loss): -log p of every labelled position, NTP and masked tokens
+    alike, averaged."""
     g = torch.Generator().manual_seed(0)
     B, L, V = 3, 6, 7
     logits = torch.randn(B, 2 * L, V, generator=g)
@@ -174,30 +179,37 @@ def test_loss_is_one_cross_entropy_over_all_labelled_positions():
 
 @pytest.mark.parametrize("block_phase", ["answer", "random", "zero"])
 def test_leaving_out_the_unread_noisy_prompt_changes_nothing(block_phase):
-    """With noise on the answer only, the noisy copies of the prompt are never labelled and (with the block
-    holding the first answer token kept whole) never attended to: dropping them leaves every logit that is read
-    (the clean half, the masked tokens) and the loss as they were in the full 2L forward."""
+    """With noise on the answer only, the noisy copies of the prompt are never labelled and (with
+    the block holding the first answer token kept whole) never attended to: dropping them leaves
+    every logit that is read (the clean half, the masked tokens) and the loss as they were in the
+    full 2L forward."""
     m = random_model("gpt-tiny")
     B, L, P, k, mask_id = 4, 20, 7, 5, m.config.vocab_size - 1
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, mask_id, (B, L), generator=g)
     y = torch.randint(0, mask_id, (B, L), generator=g)
     answer = (torch.arange(L) >= P).expand(B, L)
-    phases = {"answer": torch.full((B,), P % k), "random": torch.tensor([0, 1, 3, 4]), "zero": torch.zeros(B)}
+    phases = {"answer": torch.full((B,), P % k), "random": torch.tensor([0, 1, 3, 4]),
+              "zero": torch.zeros(B)}
     phases = phases[block_phase].long()
-    full = sbd.sbd_inputs(x, y, mask_id, k, phases, answer, torch.Generator().manual_seed(1), noisy_start=0)
+    full = sbd.sbd_inputs(x, y, mask_id, k, phases, answer, torch.Generator().manual_seed(1),
+                          noisy_start=0)
     cut = sbd.sbd_inputs(x, y, mask_id, k, phases, answer, torch.Generator().manual_seed(1))
     s = 2 * L - cut[0].size(1)
-    assert 0 < s <= P and (s == P) == (block_phase == "answer")  # dropped the prompt up to its block
+    # dropped the prompt up to its block
+    assert 0 < s <= P and (s == P) == (block_phase == "answer")
     assert torch.equal(cut[0], torch.cat([full[0][:, :L], full[0][:, L + s:]], dim=1))
     assert torch.equal(cut[3], torch.cat([full[3][:, :L], full[3][:, L + s:]], dim=1))
     keep = torch.cat([torch.arange(L), torch.arange(L + s, 2 * L)])
-    assert torch.equal(cut[2], full[2][:, keep][:, :, keep])  # the mask is the full one without those slots
+    # the mask is the full one without those slots
+    assert torch.equal(cut[2], full[2][:, keep][:, :, keep])
     with torch.no_grad():
         full_logits, _ = m(full[0], pos=full[1], mask=full[2])
         cut_logits, _ = m(cut[0], pos=cut[1], mask=cut[2])
-    read = torch.cat([torch.ones(B, L, dtype=torch.bool), cut[3][:, L:] != IGNORE_INDEX], dim=1)  # (B, T)
-    assert read[:, L:].sum() > 20  # (a noisy copy nobody reads may see fewer unread neighbours: not compared)
+    read = torch.cat([torch.ones(B, L, dtype=torch.bool), cut[3][:, L:] != IGNORE_INDEX],
+                     dim=1)  # (B, T)
+    # (a noisy copy nobody reads may see fewer unread neighbours: not compared)
+    assert read[:, L:].sum() > 20
     assert (cut_logits - full_logits[:, keep])[read].abs().max() <= 1e-5
     for a, b in zip(sbd.sbd_loss(full_logits, full[3], L), sbd.sbd_loss(cut_logits, cut[3], L)):
         assert a.item() == pytest.approx(b.item(), rel=1e-5)
@@ -210,16 +222,17 @@ def test_leaving_out_the_unread_noisy_prompt_changes_nothing(block_phase):
 
 
 def blocks_of(L, k, phase):
-    """(start, end) of the noisy blocks covering 0..L-1 when blocks start at phase, phase ± k, ..."""
+    """(start, end) of the noisy blocks covering 0..L-1 when blocks start at phase, phase ± k,
+    ..."""
     return [(max(s, 0), min(s + k, L)) for s in range(phase - k if phase else 0, L, k)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("k", [4, 5])
 def test_training_forward_equals_decoding_forward(family, k):
-    """Noisy block [s, e) of the 2L training forward == decoding: x[:s] in the KV cache, then the block
-    x̂[s:e] on top (generate.block_forward: hybrid mask, n_commit=0); and the same with x[s-1] committed in the
-    block's forward, as the first forward of a decoded block does."""
+    """Noisy block [s, e) of the 2L training forward == decoding: x[:s] in the KV cache, then the
+    block x̂[s:e] on top (generate.block_forward: hybrid mask, n_commit=0); and the same with
+    x[s-1] committed in the block's forward, as the first forward of a decoded block does."""
     m = random_model(family)
     B, L, mask_id = 3, 14, m.config.vocab_size - 1
     g = torch.Generator().manual_seed(k)
@@ -238,13 +251,16 @@ def test_training_forward_equals_decoding_forward(family, k):
                 if s > 0:
                     m(x[b:b + 1, :s], cache=cache)
                 _, got = generate.block_forward(m, cache, x[b:b + 1, :0], noisy[b:b + 1, s:e])
-                assert (got - expected).abs().max() <= 1e-5, f"row {b} (phase {phase}), block {s}..{e}"
+                assert (got - expected).abs().max() <= 1e-5, (
+                    f"row {b} (phase {phase}), block {s}..{e}")
                 if s > 0:
                     cache = m.new_cache(1, L, "cpu")
                     if s > 1:
                         m(x[b:b + 1, :s - 1], cache=cache)
-                    _, got = generate.block_forward(m, cache, x[b:b + 1, s - 1:s], noisy[b:b + 1, s:e])
-                    assert (got - expected).abs().max() <= 1e-5, f"row {b}, block {s}..{e}, committing x[s-1]"
+                    _, got = generate.block_forward(m, cache, x[b:b + 1, s - 1:s],
+                                                    noisy[b:b + 1, s:e])
+                    assert (got - expected).abs().max() <= 1e-5, (
+                        f"row {b}, block {s}..{e}, committing x[s-1]")
         # the clean half is plain next-token prediction
         assert (train_logits[:, :L] - m(x)[0]).abs().max() <= 1e-5
 
@@ -257,8 +273,8 @@ TINY = ["--n_layer=1", "--n_embd=32", "--n_head=2", "--batch_size=8", "--sbd_bat
 
 def train(*args, timeout=120):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "train.py", "config/sbd_small.py", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "train.py", "config/sbd_small.py", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def read_log(out_dir):
@@ -290,23 +306,25 @@ def test_main_command_end_to_end(tmp_path):
 
 
 def test_block_sizes_are_drawn_from_k_min_to_k_max(tmp_path):
-    """SBD steps draw k in {k_min..k_max}, every value can come up; NTP steps draw one too (unused), and the
-    NTP stage's batches do not depend on the k range, so SBD-stage experiments can share one NTP stage."""
+    """SBD steps draw k in {k_min..k_max}, every value can come up; NTP steps draw one too (unused),
+    and the NTP stage's batches do not depend on the k range, so SBD-stage experiments can share one
+    NTP stage."""
     out = str(tmp_path)
-    run = train(f"--out_dir={out}", "--ntp_iters=2", "--sbd_iters=12", *TINY, "--k_min=5", "--k_max=6",
-                "--log_interval=1", "--eval_interval=100", "--report=False")
+    run = train(f"--out_dir={out}", "--ntp_iters=2", "--sbd_iters=12", *TINY, "--k_min=5",
+                "--k_max=6", "--log_interval=1", "--eval_interval=100", "--report=False")
     assert run.returncode == 0, run.stderr[-3000:]
     ks = [r["k"] for r in read_log(out) if r["stage"] == "sbd"]
     assert len(ks) == 12 and set(ks) == {5, 6}
     other = str(tmp_path / "other")
-    run = train(f"--out_dir={other}", "--ntp_iters=2", "--sbd_iters=0", *TINY, "--k_min=2", "--k_max=16",
-                "--log_interval=1", "--report=False")
+    run = train(f"--out_dir={other}", "--ntp_iters=2", "--sbd_iters=0", *TINY, "--k_min=2",
+                "--k_max=16", "--log_interval=1", "--report=False")
     assert run.returncode == 0, run.stderr[-3000:]
     ntp_losses = [[r["loss"] for r in read_log(d) if r["stage"] == "ntp"] for d in (out, other)]
     assert len(ntp_losses[0]) == 2 and ntp_losses[0] == ntp_losses[1]
 
 
-RESUME = ["--ntp_iters=4", "--sbd_iters=4", *TINY, "--log_interval=1", "--eval_interval=2", "--report=False"]
+RESUME = ["--ntp_iters=4", "--sbd_iters=4", *TINY, "--log_interval=1", "--eval_interval=2",
+          "--report=False"]
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +335,8 @@ def uninterrupted(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("halt_after", [3, 5])  # before and after the NTP -> SBD switch at iteration 4
+# before and after the NTP -> SBD switch at iteration 4
+@pytest.mark.parametrize("halt_after", [3, 5])
 def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
     out = str(tmp_path)
     first = train(f"--out_dir={out}", *RESUME, f"--halt_after={halt_after}")
@@ -326,7 +345,8 @@ def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
     assert len(read_log(out)) == halt_after and not os.path.exists(f"{out}/ckpt_sbd.pt")
     second = train(f"--out_dir={out}", *RESUME, "--init_from=resume")
     assert second.returncode == 0, second.stderr[-3000:]
-    assert read_log(out) == read_log(uninterrupted)  # iter, stage, loss and k of all 8 iterations, exactly
+    # iter, stage, loss and k of all 8 iterations, exactly
+    assert read_log(out) == read_log(uninterrupted)
     for name in ("ckpt_ntp.pt", "ckpt_sbd.pt"):
         resumed = torch.load(f"{out}/{name}", weights_only=False)["model"]
         straight = torch.load(f"{uninterrupted}/{name}", weights_only=False)["model"]
@@ -334,15 +354,18 @@ def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
 
 
 def test_resume_refuses_other_data(tmp_path):
-    """A run halted on one version of the data does not go on with another (the version its checkpoint recorded)."""
+    """A run halted on one version of the data does not go on with another (the version its
+    checkpoint recorded)."""
     first = train(f"--out_dir={tmp_path}", *RESUME, "--halt_after=3")
     assert first.returncode == 0, first.stderr[-3000:]
     checkpoint = torch.load(f"{tmp_path}/ckpt_resume.pt", weights_only=True)
     assert checkpoint["data_version"] == CharTask("addition").data_version
-    checkpoint["data_version"] = "0" * 16  # as if data/addition had been made again by a changed prepare.py
+    # as if data/addition had been made again by a changed prepare.py
+    checkpoint["data_version"] = "0" * 16
     torch.save(checkpoint, f"{tmp_path}/ckpt_resume.pt")
     second = train(f"--out_dir={tmp_path}", *RESUME, "--init_from=resume")
-    assert second.returncode != 0 and "ckpt_resume.pt was trained on another version of the data" in second.stderr
+    refusal = "ckpt_resume.pt was trained on another version of the data"
+    assert second.returncode != 0 and refusal in second.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -351,12 +374,14 @@ def test_resume_refuses_other_data(tmp_path):
     (["--k_min=0"], "block sizes need 1 <= k_min <= k_max, got k_min=0, k_max=16"),
     (["--k_min=8", "--k_max=4"], "block sizes need 1 <= k_min <= k_max, got k_min=8, k_max=4"),
     (["--device=cuda:7"], "not available on this machine"),
-    (["--init_from=nowhere"], "init_from must be 'scratch', 'resume' or a Llama checkpoint directory"),
+    (["--init_from=nowhere"],
+     "init_from must be 'scratch', 'resume' or a Llama checkpoint directory"),
     (["--block_phase=bogus"], "block_phase must be 'answer', 'random' or 'zero', got 'bogus'"),
     (["--ntp_weight=-1"], "ntp_weight, ntp_iters and sbd_iters must be >= 0"),
     (["--sbd_batch_size=-2"], "sbd_batch_size >= 0 (0 = batch_size), got 64, 1, -2"),
     (["--batch_size=-3"], "batch_size and gradient_accumulation_steps must be >= 1"),
-    (["--ntp_weight=heavy"], "config key 'ntp_weight' in the command line must be float, got str 'heavy'"),
+    (["--ntp_weight=heavy"],
+     "config key 'ntp_weight' in the command line must be float, got str 'heavy'"),
 ])
 def test_bad_settings_are_clear_errors(tmp_path, args, message):
     run = train(f"--out_dir={tmp_path}", *args, "--ntp_iters=1", "--sbd_iters=0", "--report=False")
