@@ -1,22 +1,25 @@
 """
 Decoding benchmarks, measured side by side in one run (timings to read, not a pass/fail test).
 
-    python bench.py --what=kvcache   # NTP with the KV cache vs recomputing the whole context every step
-    python bench.py --what=sbd       # SBD vs NTP decoding: measured, and as Eq. 16 predicts from forward times
-    python bench.py --what=roofline  # a k-token forward on a KV cache, measured next to roofline.py's prediction
+    python bench.py --what=kvcache   # NTP with the KV cache vs recomputing the context every step
+    python bench.py --what=sbd       # SBD vs NTP: measured, and as Eq. 16 predicts from forwards
+    python bench.py --what=roofline  # a k-token forward on a KV cache vs roofline.py's prediction
 
 kvcache: a 6-layer, 384-wide GPT decodes new_tokens tokens greedily twice: through the KV cache
-(generate.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole context per token.
-sbd: the same model and prompts decoded with NTP and with SBD, both through the KV cache, batch 1. Uses
-out_dir/ckpt_sbd.pt if it exists (prompts from its task's test split), else a random model. Besides the
-measured speed-ups it times a 1-, k- and 2k-token forward on top of a cache and predicts SBD's wall clock
-from the forward counts (Eq. 16 of the paper, generalised to the measured counts): measured / predicted
-near 1 means the sampler's own work per forward is small next to the model's.
-roofline: the time of a k-token forward on a KV cache (k = 1, 2, ..., 32, batch 1) for two random GPTs, the
-demo's shape and the 11M model above, next to roofline.py's max(flops/peak, bytes/bandwidth) for this CPU
-(peak and bandwidth measured here, or given) and two fits of t(k) = overhead + roofline(k): least squares over
-k, and exact at k=1. On a CPU these tiny models are bound by per-call overhead, not by flops or bytes: the
-fitted overhead says by how much, and the cost of one more token says how far the roofline's price is off.
+(generate.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole
+context per token.
+sbd: the same model and prompts decoded with NTP and with SBD, both through the KV cache, batch 1.
+Uses out_dir/ckpt_sbd.pt if it exists (prompts from its task's test split), else a random model.
+Besides the measured speed-ups it times a 1-, k- and 2k-token forward on top of a cache and
+predicts SBD's wall clock from the forward counts (Eq. 16 of the paper, generalised to the measured
+counts): measured / predicted near 1 means the sampler's own work per forward is small next to the
+model's.
+roofline: the time of a k-token forward on a KV cache (k = 1, 2, ..., 32, batch 1) for two random
+GPTs, the demo's shape and the 11M model above, next to roofline.py's max(flops/peak,
+bytes/bandwidth) for this CPU (peak and bandwidth measured here, or given) and two fits of
+t(k) = overhead + roofline(k): least squares over k, and exact at k=1. On a CPU these tiny models
+are bound by per-call overhead, not by flops or bytes: the fitted overhead says by how much, and the
+cost of one more token says how far the roofline's price is off.
 """
 
 import collections
@@ -35,12 +38,13 @@ from model import build_model, dense_mask, load_checkpoint
 from sampling import DecodeSettings
 from sbd import hybrid_mask
 from settings import decode, read_calibration, settings_for
+from task import task_of_checkpoint
 
 # -----------------------------------------------------------------------------
 what = "sbd"  # 'kvcache', 'sbd' or 'roofline'
 device = "cpu"  # this is a CPU benchmark; timings on an accelerator would need more care
 seed = 1337
-threads = 0  # torch threads; 0 = torch's default. Never time while another torch job runs (docs/findings.md)
+threads = 0  # torch threads; 0 = default. Never time next to another torch job (docs/findings.md)
 # the random model (kvcache always, sbd when out_dir has no checkpoint)
 n_layer = 6
 n_head = 6
@@ -53,8 +57,8 @@ prompt_len = 16
 # sbd
 out_dir = "out-sbd-small"  # uses out_dir/ckpt_sbd.pt when it exists
 k = 0  # 0 = the checkpoint's operating point (16 for a random model)
-gamma = None  # None = what evaluate.py calibrated for that k (γ_low, and the exact mode's), or random_gamma
-random_gamma = 16.0  # a random model predicts near-uniformly (H ~ log 256 = 5.5): γ = 16 reveals ~3 per forward
+gamma = None  # None = evaluate.py's calibration for k (γ_low, the exact mode's), or random_gamma
+random_gamma = 16.0  # a random model is near-uniform (H ~ log 256 = 5.5): γ = 16 reveals ~3/forward
 rule = "entropy"
 num_prompts = 4  # decoded one at a time (batch 1, the setting of Eq. 16)
 max_new_tokens = 256
@@ -63,20 +67,23 @@ timing_repeats = 30  # forwards per timing of a 1-, k- and 2k-token forward
 batch_sizes = (1, 4, 16, 64)
 batch_problems = 128  # problems decoded at every batch size, in batches of that size
 decode_dtype = "float32"  # 'float32', 'bfloat16', or 'auto' (bf16 where the CPU computes it)
+# adaptive: exact SBD with and without the adaptive block size, on out_dir's checkpoint
+adaptive_problems = 1000  # test problems for tokens per forward (decoded in batches of 250)
+unfamiliar_prompts = 200  # prompts unlike training's, decoded one at a time (wall clock)
 # roofline (the demo's shape and the random model above)
 roofline_ks = (1, 2, 4, 8, 16, 32)  # tokens per forward
-roofline_kv = 40  # tokens in the KV cache: mid-answer in the demo (13-token prompt, answers of ~59 tokens)
-roofline_rounds = 7  # rounds over every k, interleaved: the fastest round is reported (the others were disturbed)
+roofline_kv = 40  # KV cache tokens: mid-answer in the demo (13-token prompt, ~59-token answer)
+roofline_rounds = 7  # interleaved rounds over all k: the fastest is reported (others are disturbed)
 roofline_reps = 10  # timed forwards per k and round (their median is the round's time)
-peak_gflops = 0.0  # this CPU's peak flop rate in GFLOP/s; 0 = measure it (best of 20 fp32 512x512 matmuls)
-bandwidth_gbs = 0.0  # its memory bandwidth in GB/s; 0 = measure it per model (a copy the size of its weights)
+peak_gflops = 0.0  # this CPU's peak in GFLOP/s; 0 = measure it (best of 20 fp32 512x512 matmuls)
+bandwidth_gbs = 0.0  # memory bandwidth in GB/s; 0 = measure per model (a copy of its weights' size)
 configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
 
 @torch.inference_mode()
 def recompute_generate(model, prompt, max_new_tokens):
-    """Greedy NTP without a cache, as nanoGPT's sampler: a full forward over the whole context per token."""
+    """Greedy NTP without a cache, as nanoGPT's sampler: a full forward of the context per token."""
     idx = prompt
     for _ in range(max_new_tokens):
         logits, _ = model(idx[:, -model.max_seq_len:])  # (1, T, V)
@@ -95,8 +102,8 @@ def bench_kvcache():
     recomputed = recompute_generate(model, prompt, new_tokens)
     t_recompute = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters()) / 1e6
-    print(f"GPT {n_layer}L/{n_embd}d ({params:.1f}M parameters), greedy, prompt {prompt_len}, {new_tokens} new tokens, "
-          f"{torch.get_num_threads()} threads")
+    print(f"GPT {n_layer}L/{n_embd}d ({params:.1f}M parameters), greedy, prompt {prompt_len}, "
+          f"{new_tokens} new tokens, {torch.get_num_threads()} threads")
     print(f"KV cache:   {stats.wall_time:7.2f} s  {new_tokens / stats.wall_time:7.1f} tokens/s")
     print(f"recompute:  {t_recompute:7.2f} s  {new_tokens / t_recompute:7.1f} tokens/s")
     print(f"speed-up of the KV cache: {t_recompute / stats.wall_time:.1f}x "
@@ -177,7 +184,8 @@ def bench_sbd():
           f"{1000 * t[kk]:.2f} ms, t({2 * kk}) = {1000 * t[2 * kk]:.2f} ms; "
           f"t({kk})/t(1) = {t[kk] / t[1]:.2f}")
     print(f"NTP: {n_tokens['ntp']} tokens in {nfe['ntp']} forwards, decode "
-          f"{decode_time['ntp']:.2f} s ({1000 * decode_time['ntp'] / n_tokens['ntp']:.2f} ms/token)")
+          f"{decode_time['ntp']:.2f} s "
+          f"({1000 * decode_time['ntp'] / n_tokens['ntp']:.2f} ms/token)")
     ntp_per_token = decode_time["ntp"] / n_tokens["ntp"]
     for mode in (m for m in ("sbd", "exact") if m in stats):
         s = modes[mode]
@@ -194,8 +202,8 @@ def bench_sbd():
               f"forwards ({n_tokens[mode] / nfe[mode]:.2f} tok/fwd, "
               f"{forwards_per_block:.2f} forwards per block{checked}), decode "
               f"{decode_time[mode]:.2f} s ({1000 * measured:.2f} ms/token)")
-        print(f"    wall clock vs NTP: measured {ntp_per_token / measured:.2f}x, predicted from the "
-              f"forward times of the widths fed {t[1] / predicted:.2f}x (Eq. 16 with l = "
+        print(f"    wall clock vs NTP: measured {ntp_per_token / measured:.2f}x, predicted "
+              f"from the forward times of the widths fed {t[1] / predicted:.2f}x (Eq. 16 with l = "
               f"{forwards_per_block:.2f}: {eq16:.2f}x); measured / predicted = "
               f"{(ntp_per_token / measured) / (t[1] / predicted):.2f}; time beyond the forwards: "
               f"{1000 * (decode_time[mode] - predicted * n_tokens[mode]) / nfe[mode]:.2f} ms per "
@@ -206,6 +214,68 @@ def bench_sbd():
 
 def mode_label(settings):
     return "exact SBD" if settings.exact else "SBD"
+
+
+def unfamiliar(task, n, rng):
+    """n prompts the demo never saw: not right-aligned, three operands, or characters at random."""
+    chars = [c for c in task.chars if c not in (task.meta["mask"], task.meta["stop"])]
+    prompts = []
+    for i in range(n):
+        a, b, c = (rng.randint(0, 999) for _ in range(3))
+        kind = i % 3
+        text = (f"Q:{a}+{b}=?A:" if kind == 0 else f"Q:{a}+{b}+{c}=?A:".rjust(13) if kind == 1
+                else "".join(rng.choice(chars) for _ in range(13)))
+        prompts.append(task.encode(text))
+    return prompts
+
+
+def timed(model, prompts, settings, ntp=False):
+    """(seconds, tokens, forwards) of decoding each prompt alone (batch 1)."""
+    seconds = tokens = forwards = 0
+    for ids in prompts:
+        _, stats = decode(model, torch.tensor([ids], device=device), settings, max_new_tokens,
+                          ntp=ntp)
+        seconds, tokens = seconds + stats.wall_time - stats.prefill_time, tokens + stats.tokens[0]
+        forwards += stats.nfe[0]
+    return seconds, tokens, forwards
+
+
+def bench_adaptive():
+    """Exact SBD with the adaptive block size against without, side by side: tokens per forward on
+    the demo's test problems, and batch-1 wall clock against NTP where drafts keep failing (prompts
+    unlike training's, and a random model)."""
+    import random
+
+    from evaluate import solve
+
+    path = os.path.join(out_dir, "ckpt_sbd.pt")
+    model, checkpoint = load_checkpoint(path, device)
+    task = task_of_checkpoint(checkpoint, path)
+    exact = settings_for(checkpoint, read_calibration(path, checkpoint), k=k or None, exact=True)
+    problems = task.splits["test"][:adaptive_problems]
+    print(f"{path}: exact SBD k={exact.k} γ={exact.gamma:g}; {cpu_name()}, "
+          f"{torch.get_num_threads()} threads")
+    for adaptive in (False, True):
+        r = solve(model, task, problems, exact.replace(adaptive=adaptive), batch_size=250)
+        print(f"  adaptive={adaptive!s:5}: {r['tokens'] / r['forwards']:.2f} tokens per forward on "
+              f"{len(problems)} test problems ({r['accuracy']:.2f}% right)")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    shape = dict(n_layer=model.config.n_layer, n_head=model.config.n_head,
+                 n_embd=model.config.n_embd, block_size=model.config.block_size,
+                 vocab_size=model.config.vocab_size)
+    cases = [("prompts unlike training's", model, unfamiliar(task, unfamiliar_prompts, rng)),
+             ("a random model, same shape", build_model("gpt", **shape).to(device).eval(),
+              [task.encode_prompt(p) for p, _ in task.splits["test"][:unfamiliar_prompts]])]
+    for name, m, prompts in cases:
+        decode(m, torch.tensor([prompts[0]], device=device), exact, 4)  # warm-up
+        ntp_s, ntp_tokens, _ = timed(m, prompts, exact, ntp=True)
+        line = f"  {name} ({len(prompts)}, batch 1): NTP {ntp_s:.2f} s"
+        for adaptive in (False, True):
+            s, tokens, forwards = timed(m, prompts, exact.replace(adaptive=adaptive))
+            line += (f"; exact adaptive={adaptive}: {s:.2f} s = {ntp_s / s:.2f}x NTP's speed, "
+                     f"{tokens / forwards:.2f} tok/fwd")
+        print(line)
 
 
 def roofline_shape(model):
@@ -237,7 +307,8 @@ def batch_setup():
     path = os.path.join(out_dir, "ckpt_sbd.pt")
     model, checkpoint = load_checkpoint(path, device)
     model = model.to(getattr(torch, resolve_dtype(decode_dtype, device)))
-    tokenizer = tokenizer_of(checkpoint["tokenizer"]) if checkpoint["model_family"] == "llama" else None
+    tokenizer = (tokenizer_of(checkpoint["tokenizer"]) if checkpoint["model_family"] == "llama"
+                 else None)
     task = task_of_checkpoint(checkpoint, path, tokenizer)
     problems = (task.splits.get("test") or task.splits["val"])[:batch_problems]
     calibration = read_calibration(path, checkpoint)
@@ -268,7 +339,8 @@ def bench_batch():
           f"{torch.get_num_threads()} threads, {next(model.parameters()).dtype}; roofline: "
           f"{hw['peak'] / 1e9:.0f} GFLOP/s, {hw['bandwidth'] / 1e9:.0f} GB/s, plus "
           f"{1000 * overhead:.2f} ms per forward")
-    print(f"{'batch':>5} " + " ".join(f"{m + ' tok/s':>14} {'x NTP':>6} {'pred.':>6}" for m in modes)
+    print(f"{'batch':>5} "
+          + " ".join(f"{m + ' tok/s':>14} {'x NTP':>6} {'pred.':>6}" for m in modes)
           + f" {'tok/fwd per row':>16}")
     table = {}
     for B in batch_sizes:
@@ -333,7 +405,8 @@ def filled_cache(model, n):
 
 
 def best_time(fn, n):
-    """The fastest of n calls of fn() after one warm-up: a ceiling is what the machine can do undisturbed."""
+    """The fastest of n calls of fn() after one warm-up: a ceiling is what the machine can do
+    undisturbed."""
     fn()
     times = []
     for _ in range(n):
@@ -350,9 +423,10 @@ def measure_peak(dtype=torch.float32):
 
 
 def measure_bandwidth(nbytes):
-    """Bytes/s of copying a buffer of nbytes (bytes read + bytes written, as STREAM's copy), best of 20. Sized
-    like a model's weights, it measures the memory level that holds them: the last-level cache for the demo's
-    3 MB (weights stay there between forwards), DRAM for the 11M model's 45 MB."""
+    """Bytes/s of copying a buffer of nbytes (bytes read + bytes written, as STREAM's copy), best of
+    20. Sized like a model's weights, it measures the memory level that holds them: the last-level
+    cache for the demo's 3 MB (weights stay there between forwards), DRAM for the 11M model's 45 MB.
+    """
     x = torch.randn(nbytes // 4)
     y = torch.empty_like(x)
     return 2 * x.nbytes / best_time(lambda: y.copy_(x), 20)
@@ -360,12 +434,12 @@ def measure_bandwidth(nbytes):
 
 @torch.inference_mode()
 def block_forward_times(model, kv):
-    """{k: seconds of one k-token forward on a KV cache of kv tokens}, batch 1, k in roofline_ks: the fastest
-    round's median (another job on the core only ever slows a round down).
+    """{k: seconds of one k-token forward on a KV cache of kv tokens}, batch 1, k in roofline_ks:
+    the fastest round's median (another job on the core only ever slows a round down).
 
-    k = 1 is an NTP step (no mask, as generate.ntp_generate); k > 1 is an SBD block that attends to the cache and
-    to itself (sbd.hybrid_mask), its keys written into the cache's spare slots (a view, no copy) and dropped
-    after (cache.length reset).
+    k = 1 is an NTP step (no mask, as generate.ntp_generate); k > 1 is an SBD block that attends to
+    the cache and to itself (sbd.hybrid_mask), its keys written into the cache's spare slots (a
+    view, no copy) and dropped after (cache.length reset).
     """
     cache = model.new_cache(1, kv + max(roofline_ks), device)
     vocab = model.lm_head.weight.size(0)
@@ -388,7 +462,8 @@ def block_forward_times(model, kv):
 
 def cpu_name():
     try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name"))
     except (OSError, StopIteration):
         return "unknown CPU"
 
@@ -399,11 +474,14 @@ def roofline_vs_measured(name, shape, peak):
     model = build_model("gpt", **shape).to(device).eval()
     weight_bytes = 4 * sum(p.numel() for p in model.parameters())
     bandwidth = bandwidth_gbs * 1e9 or measure_bandwidth(weight_bytes)
-    hw = dict(peak=peak, attention=peak, bandwidth=bandwidth, weight_bytes=4, kv_bytes=4)  # fp32 throughout
-    arch = roofline.gpt_shape(shape["n_layer"], shape["n_head"], shape["n_embd"], shape["vocab_size"])
+    hw = dict(peak=peak, attention=peak, bandwidth=bandwidth,
+              weight_bytes=4, kv_bytes=4)  # fp32 throughout
+    arch = roofline.gpt_shape(shape["n_layer"], shape["n_head"], shape["n_embd"],
+                              shape["vocab_size"])
     measured = block_forward_times(model, roofline_kv)
     predicted = {k: roofline.model_time(k, roofline_kv, 1, hw, arch) for k in roofline_ks}
-    lsq = roofline.fit_overhead([measured[k] for k in roofline_ks], [predicted[k] for k in roofline_ks])
+    lsq = roofline.fit_overhead([measured[k] for k in roofline_ks],
+                                [predicted[k] for k in roofline_ks])
     at_1 = measured[1] - predicted[1]  # the simpler fit: t(1) = overhead + roofline(1) exactly
     fits = {"least squares": {k: lsq + predicted[k] for k in roofline_ks},
             "fit at k=1": {k: at_1 + predicted[k] for k in roofline_ks}}
@@ -416,35 +494,45 @@ def roofline_vs_measured(name, shape, peak):
         ratio = measured[k] / measured[1]
         print(f"{k:4d} {1000 * measured[k]:12.3f} {ratio:10.2f} | {1000 * predicted[k]:7.3f} "
               f"{predicted[k] / predicted[1]:6.2f} | "
-              + " | ".join(f"{t[k] / t[1]:12.2f} {t[k] / t[1] / ratio - 1:+7.0%}" for t in fits.values()))
+              + " | ".join(f"{t[k] / t[1]:12.2f} {t[k] / t[1] / ratio - 1:+7.0%}"
+                           for t in fits.values()))
     k = 16 if 16 in roofline_ks else max(roofline_ks)
-    print(f"fitted overhead: {1000 * lsq:.3f} ms (least squares over k: the mean of t(k) - roofline(k)), "
-          f"{1000 * at_1:.3f} ms (at k=1); the roofline alone is {predicted[1] / measured[1]:.0%} of t(1)")
-    print(f"t({k})/t(1): measured {measured[k] / measured[1]:.2f}, roofline alone {predicted[k] / predicted[1]:.2f}, "
-          + ", ".join(f"{fit} {t[k] / t[1]:.2f} ({t[k] / t[1] / (measured[k] / measured[1]) - 1:+.0%})"
+    print(f"fitted overhead: {1000 * lsq:.3f} ms "
+          f"(least squares over k: the mean of t(k) - roofline(k)), "
+          f"{1000 * at_1:.3f} ms (at k=1); "
+          f"the roofline alone is {predicted[1] / measured[1]:.0%} of t(1)")
+    print(f"t({k})/t(1): measured {measured[k] / measured[1]:.2f}, "
+          f"roofline alone {predicted[k] / predicted[1]:.2f}, "
+          + ", ".join(f"{fit} {t[k] / t[1]:.2f} "
+                      f"({t[k] / t[1] / (measured[k] / measured[1]) - 1:+.0%})"
                       for fit, t in fits.items()) + "; goal: within 25%")
-    k0, k1 = sorted(roofline_ks)[-2:]  # what one more token costs, measured between the two largest k
+    k0, k1 = sorted(roofline_ks)[-2:]  # one more token's cost, measured between the two largest k
     per_token = (measured[k1] - measured[k0]) / (k1 - k0)
-    flops = roofline.model_flops(k1, roofline_kv, 1, arch) - roofline.model_flops(k0, roofline_kv, 1, arch)
+    flops = (roofline.model_flops(k1, roofline_kv, 1, arch)
+             - roofline.model_flops(k0, roofline_kv, 1, arch))
     flops /= k1 - k0
     print(f"one more token (k={k0}..{k1}): {1e6 * per_token:.1f} us for {flops / 1e6:.2f} MFLOP = "
-          f"{flops / per_token / 1e9:.0f} GFLOP/s, {flops / per_token / peak:.0%} of the matmul peak "
+          f"{flops / per_token / 1e9:.0f} GFLOP/s, "
+          f"{flops / per_token / peak:.0%} of the matmul peak "
           "(the roofline prices it at 100%)")
 
 
 def bench_roofline():
     peak = peak_gflops * 1e9 or measure_peak()
     print(f"{cpu_name()}, {torch.get_num_threads()} threads, fp32: peak {peak / 1e9:.0f} GFLOP/s "
-          f"({'given' if peak_gflops else 'measured: best 512x512 matmul'}); batch 1, KV cache of {roofline_kv} "
-          f"tokens; each time is the fastest of {roofline_rounds} rounds' medians of {roofline_reps} forwards")
+          f"({'given' if peak_gflops else 'measured: best 512x512 matmul'}); "
+          f"batch 1, KV cache of {roofline_kv} tokens; each time is the fastest of "
+          f"{roofline_rounds} rounds' medians of {roofline_reps} forwards")
     models = [("demo GPT 4L/4h/128d, vocab 32 (config/sbd_small.py)",
                dict(n_layer=4, n_head=4, n_embd=128, vocab_size=32, block_size=73)),
               (f"GPT {n_layer}L/{n_head}h/{n_embd}d, vocab {vocab_size}",
-               dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size))]
+               dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size,
+                    block_size=block_size))]
     for name, shape in models:
         if roofline_kv + max(roofline_ks) > shape["block_size"]:
-            raise ConfigError(f"{name}: KV {roofline_kv} + {max(roofline_ks)} tokens is past its context of "
-                             f"{shape['block_size']}: lower --roofline_kv or --roofline_ks")
+            raise ConfigError(f"{name}: KV {roofline_kv} + {max(roofline_ks)} tokens is past its "
+                             f"context of {shape['block_size']}: "
+                             f"lower --roofline_kv or --roofline_ks")
         roofline_vs_measured(name, shape, peak)
 
 
@@ -452,7 +540,7 @@ if __name__ == "__main__":
     if threads:
         torch.set_num_threads(threads)
     benches = {"kvcache": bench_kvcache, "sbd": bench_sbd, "batch": bench_batch,
-               "roofline": bench_roofline}
+               "adaptive": bench_adaptive, "roofline": bench_roofline}
     if what not in benches:
         raise ConfigError(f"what must be one of {', '.join(benches)}, got {what!r}")
     benches[what]()

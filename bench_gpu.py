@@ -50,6 +50,7 @@ import roofline
 from configurator import ConfigError, configure, pick_device
 from model import LLAMA_PRESETS, Llama, LlamaConfig, dense_mask
 from sbd import hybrid_mask
+from static import StaticCache, forward_fn, step_inputs
 
 # -----------------------------------------------------------------------------
 preset = "llama3.1-8b"  # a key of model.LLAMA_PRESETS ('llama-tiny' for a CPU smoke test)
@@ -58,6 +59,7 @@ dtype = "bfloat16"  # weights and KV cache
 bandwidth = 0.0  # peak memory bandwidth in GB/s (1e9 B/s); 0 = from the GPU's name (BANDWIDTH)
 kv_lengths = (1024, 8192)  # tokens already in the KV cache
 ks = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward
+static = False  # also time a static KV cache with torch.compile(mode="reduce-overhead") (static.py)
 warmup = 5  # untimed forwards before each measurement
 reps = 20  # timed forwards; the median is reported
 seed = 1337
@@ -139,6 +141,30 @@ def build_model(config, device, dtype):
             else:
                 p.normal_(0.0, 0.02)
     return model.eval()
+
+
+def static_times(L0, eager_t1):
+    """4. The same forwards on a static KV cache, each width compiled once into a CUDA graph
+    (static.py): NTP decode vs the bandwidth ceiling, t(k)/t(1), and Eq. 16 from these times."""
+    cache = StaticCache(model, 1, L0 + 2 * max(ks) + 1, device, ptdtype)
+    for buffer in cache.k + cache.v:
+        buffer.normal_()
+    forward = torch.compile(forward_fn(model), mode="reduce-overhead", fullgraph=True)
+    tokens = torch.randint(config.vocab_size, (1, 2 * max(ks)), device=device)
+    first_slot = torch.tensor(L0, device=device)
+    times = {}
+    for k in sorted(set(ks) | {32}):
+        pos, mask = step_inputs(cache, first_slot, k, block_start=None if k == 1 else 0)
+        times[k] = median_ms(lambda: forward(tokens[:, :k], pos, mask, cache), lambda: None)
+    step_bytes = weight_bytes + L0 * kv_bytes_per_token
+    share = f", {step_bytes / (times[1] / 1000) / 1e9 / bandwidth:.0%} of {bandwidth:g} GB/s" \
+        if bandwidth else ""
+    print(f"KV {L0}, static cache + CUDA graphs: NTP decode {times[1]:.2f} ms/token "
+          f"({eager_t1 / times[1]:.2f}x eager){share}")
+    print("    t(k)/t(1): " + ", ".join(f"k={k} {times[k] / times[1]:.3f}" for k in ks))
+    if 16 in times:
+        print(f"    Eq. 16, k=16 in l=4 forwards: "
+              f"{16 * times[1] / (times[32] + 3 * times[16]):.2f}x")
 
 
 torch.manual_seed(seed)
@@ -226,3 +252,5 @@ with torch.inference_mode():
                   f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (generate.block_forward); "
                   f"the paper's roofline 3.98x{predicted}")
         cache = None  # free this length's cache before the next one is allocated
+        if static:
+            static_times(L0, t1)

@@ -54,7 +54,8 @@ def bf16_supported(device):
 def resolve_dtype(dtype, device):
     """'auto' -> 'bfloat16' where the device computes it natively, else 'float32'."""
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}")
+        raise ConfigError("dtype must be 'auto', 'float32', 'bfloat16' or 'float16', "
+                          f"got {dtype!r}")
     if dtype == "auto":
         return "bfloat16" if bf16_supported(device) else "float32"
     return dtype

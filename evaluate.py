@@ -1,5 +1,5 @@
 """
-The paper's Table 1 for a model with verifiable answers: accuracy and NFE speed-up of SBD against NTP.
+The paper's Table 1 for a model with verifiable answers: accuracy and NFE speed-up of SBD vs NTP.
 
     python evaluate.py --out_dir=out-sbd-small        (train.py runs this at the end of the demo)
     python evaluate.py --out_dir=out-sbd-llama1b --benchmark=gsm8k_test.jsonl
@@ -34,22 +34,24 @@ import time
 import torch
 
 from configurator import ConfigError, configure, pick_device
-from pretrained import load_baseline, load_run, pretrained_path
 from generate import format_steps
 from model import causal_mask, dense_mask, load_checkpoint
+from pretrained import load_baseline, load_run, pretrained_path
 from settings import decode, settings_for, write_calibration
 from task import CharTask, task_of_checkpoint
 
 # below 3e-4: ~1 token/forward. Dense at the low end, where a well-trained model's tokens per
 # forward climb steeply and γ_low usually lies
-GAMMA_GRID = [3e-4, 5e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3, 1.0]
+GAMMA_GRID = [3e-4, 5e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3,
+              1.0]
 SATURATED = 1.02  # the sweep stops once a larger γ gains less than 2% tokens per forward
 # a real model is far less over-confident: around the paper's γ (reasoning 0.1 / 0.35, chat 0.35 /
 # 0.6; docs/method.md, The paper's results)
 LLAMA_GAMMA_GRID = [0.05, 0.1, 0.2, 0.35, 0.5, 0.6, 0.8, 1.0]
 EXACT_GRID = [0.01, 0.1, 1.0, 1e9]  # 1e9: every masked token at once, one forward per block
-# settings left unset: the demo decodes a problem in milliseconds on a CPU, a Llama on a benchmark in
-# seconds on a GPU, so there the batch-1 parts (the exact mode's γ, the wall clock) use fewer problems
+# settings left unset: the demo decodes a problem in milliseconds on a CPU, a Llama on a benchmark
+# in seconds on a GPU, so there the batch-1 parts (the exact mode's γ, the wall clock) use fewer
+# problems
 DEFAULTS = dict(small=dict(grid=GAMMA_GRID, batch_size=250, exact_val_problems=200,
                            timing_problems=200),
                 benchmark=dict(grid=LLAMA_GAMMA_GRID, batch_size=64, exact_val_problems=50,
@@ -66,10 +68,12 @@ def skip_long_prompts(task, context):
         keep = [p for p in problems if len(task.encode_prompt(p[0])) + MIN_NEW_TOKENS <= context]
         skipped[split] = len(problems) - len(keep)
         if skipped[split]:
-            print(f"{task.name} {split}: skipped {skipped[split]} of {len(problems)} problems whose "
-                  f"prompt is longer than the model's context ({context}) minus {MIN_NEW_TOKENS}")
+            print(f"{task.name} {split}: skipped {skipped[split]} of {len(problems)} problems "
+                  f"whose prompt is longer than the model's context ({context}) "
+                  f"minus {MIN_NEW_TOKENS}")
         if not keep:
-            raise ConfigError(f"{task.name}: no {split} problem fits the model's context of {context}")
+            raise ConfigError(f"{task.name}: no {split} problem fits the model's context of "
+                              f"{context}")
         task.splits[split] = keep
     return skipped
 
@@ -94,7 +98,8 @@ class LeftPadded(torch.nn.Module):
     def __init__(self, model, n_pad):
         super().__init__()
         self.model, self.n_pad = model, n_pad  # n_pad (B,) on the model's device
-        self.config, self.max_seq_len, self.new_cache = model.config, model.max_seq_len, model.new_cache
+        self.config, self.max_seq_len, self.new_cache = (model.config, model.max_seq_len,
+                                                         model.new_cache)
 
     def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
         B, T = idx.size()
@@ -151,7 +156,8 @@ def solve(model, task, problems, settings, ntp=False, batch_size=250):
             last_print = time.perf_counter()
             what = "NTP" if ntp else f"{mode_name(settings)} k={settings.k} γ={settings.gamma:g}"
             print(f"    {what}: {n_done}/{len(problems)} problems, {last_print - t0:.0f} s, "
-                  f"~{(last_print - t0) * (len(problems) - n_done) / n_done:.0f} s to go", flush=True)
+                  f"~{(last_print - t0) * (len(problems) - n_done) / n_done:.0f} s to go",
+                  flush=True)
     correct = sum(task.is_correct(c, reference) for c, (_, reference) in zip(completions, problems))
     return dict(accuracy=100.0 * correct / len(problems), forwards=forwards, tokens=tokens,
                 rejected=rejected, seconds=time.perf_counter() - t0, completions=completions)
@@ -315,9 +321,11 @@ def step_views(sbd_model, task, base, calibration, k, k_exact):
             _, stats = decode(sbd_model, ids, settings, n, record_steps=True)
             if not settings.exact or stats.rejected[0]:  # show where exact had something to correct
                 break
-        legend = ", ~x~ = rejected drafts, {y} = NTP's token in their place" if settings.exact else ""
-        print(f"\none test problem, {mode_name(settings)} k={settings.k} γ={settings.gamma:g}, step "
-              f"by step ([x] = revealed by that forward, _ = masked{legend}):")
+        legend = (", ~x~ = rejected drafts, {y} = NTP's token in their place" if settings.exact
+                  else "")
+        print(f"\none test problem, {mode_name(settings)} k={settings.k} "
+              f"γ={settings.gamma:g}, step by step "
+              f"([x] = revealed by that forward, _ = masked{legend}):")
         print(format_steps(stats.steps, task.decode, task.mask_id, prompt=prompt))
 
 
@@ -399,10 +407,11 @@ def plot_sweep(curves, ntp_val_accuracy, low_target, path):
 
 
 def load_small_run(out_dir, device):
-    """The small demo: (NTP baseline ckpt_ntp.pt, SBD model ckpt_sbd.pt, its checkpoint, its task)."""
+    """The small demo: (NTP baseline ckpt_ntp.pt, SBD model ckpt_sbd.pt, its checkpoint, task)."""
     ntp_model, _ = load_checkpoint(f"{out_dir}/ckpt_ntp.pt", device)
     sbd_model, checkpoint = load_checkpoint(f"{out_dir}/ckpt_sbd.pt", device)
-    return ntp_model, sbd_model, checkpoint, task_of_checkpoint(checkpoint, f"{out_dir}/ckpt_sbd.pt")
+    return (ntp_model, sbd_model, checkpoint,
+            task_of_checkpoint(checkpoint, f"{out_dir}/ckpt_sbd.pt"))
 
 
 # evaluate.py's settings (python evaluate.py --key=value); 0 and () take the task kind's DEFAULTS
@@ -443,7 +452,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     o = {**OPTIONS, **options}
     ntp_model, sbd_model, checkpoint, task = run or load_small_run(out_dir, device)
     defaults = DEFAULTS["small" if isinstance(task, CharTask) else "benchmark"]
-    grid, batch_size = o["gamma_grid"] or defaults["grid"], o["batch_size"] or defaults["batch_size"]
+    grid, batch_size = (o["gamma_grid"] or defaults["grid"],
+                        o["batch_size"] or defaults["batch_size"])
     exact_val_problems = o["exact_val_problems"] or defaults["exact_val_problems"]
     timing_problems = o["timing_problems"] or defaults["timing_problems"]
     exact_batch_size, low_target, high_target = (o["exact_batch_size"], o["low_target"],
@@ -459,7 +469,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
               "checks with the untrained next-token head, reproduces its NTP decoding")
     # the budgets count from the better NTP decoding on val: the baseline's, or the SBD model's
     # own (which kept training its NTP term), so that a weak baseline never lets a lossy γ through
-    ntp_vals = [solve(m, task, task.splits["val"], base, ntp=True, batch_size=batch_size)["accuracy"]
+    ntp_vals = [solve(m, task, task.splits["val"], base, ntp=True,
+                      batch_size=batch_size)["accuracy"]
                 for m in (ntp_model, sbd_model)]
     ntp_val = max(ntp_vals)
     print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline "
@@ -477,8 +488,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     print_table(rows, task)
     checks = {}
     if fp32_models is not None:
-        checks["fp32"] = fp32_identity(*fp32_models, task, base, calibration, o["fp32_check_problems"],
-                                       batch_size, exact_batch_size)
+        checks["fp32"] = fp32_identity(*fp32_models, task, base, calibration,
+                                       o["fp32_check_problems"], batch_size, exact_batch_size)
 
     best_k = operating_point(calibration)
     if best_k is None:
@@ -506,7 +517,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
         exact_k=exact_k,
         rows=[dict(name=name, key=row_key(name), **({} if r is None else dict(
             accuracy=r["accuracy"], delta=r["accuracy"] - baseline["accuracy"],
-            forwards=r["forwards"], tokens=r["tokens"], speedup=baseline["forwards"] / r["forwards"],
+            forwards=r["forwards"], tokens=r["tokens"],
+            speedup=baseline["forwards"] / r["forwards"],
             **({"same_as_ntp": r["same_as_ntp"]} if "same_as_ntp" in r else {}))))
               for name, r in rows],
         task=dict(name=task.name, skipped=skipped, **getattr(task, "info", {})),

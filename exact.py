@@ -226,7 +226,8 @@ class Rows:
         for t in tokens:
             if not self.done[b]:
                 self.out[b].append(t)
-                self.done[b] = t in self.settings.stop_ids or len(self.out[b]) == self.max_new_tokens
+                self.done[b] = (t in self.settings.stop_ids
+                                or len(self.out[b]) == self.max_new_tokens)
 
 
 def check_pending(rows, cache, pending, causal, n_prev, generator):
@@ -318,7 +319,8 @@ def finish_blocks(rows, candidates):
         rows.q_pending[complete] = rows.q[complete, 1:]
     for b, block, by in zip(complete, blocks, revealed_by):
         block = block[:rows.kb[b]]
-        n_keep = next((i for i, t in enumerate(block) if t in rows.settings.stop_ids), len(block) - 1)
+        n_keep = next((i for i, t in enumerate(block) if t in rows.settings.stop_ids),
+                      len(block) - 1)
         rows.pending[b], rows.pending_revealed_by[b] = block[:n_keep + 1], by[:rows.kb[b]]
         rows.new_block(b)
 
@@ -331,8 +333,8 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     row, its pending tokens (a verified token and the drafts to check) and its block (k slots to
     draft, or the block alone in the block's later forwards), padded to the batch's widest. Greedy
     at temperature 0; sampling needs settings.rule = 'left' (docs/method.md, Exact sampling).
-    Returns (tokens, stats) as sbd_generate, with stats.accepted, rejected, wasted_forwards (forwards
-    whose every reveal was rejected) and final_checks (forwards that only checked) per row.
+    Returns (tokens, stats) as sbd_generate, with per-row stats.accepted, rejected, wasted_forwards
+    (forwards whose every reveal was rejected) and final_checks (forwards that only checked).
     """
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)

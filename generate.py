@@ -21,7 +21,6 @@ from model import dense_mask
 from sampling import next_token, pick_tokens, reveal_step, suppress_mask
 from sbd import hybrid_mask
 
-
 # -----------------------------------------------------------------------------
 # what a decode returns besides the tokens
 
@@ -90,8 +89,8 @@ def check_prompt(model, prompt, n_slots):
     if n_slots < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {n_slots}")
     if prompt.size(1) + n_slots > model.max_seq_len:
-        raise ValueError(f"prompt of {prompt.size(1)} tokens + {n_slots} more positions is past the "
-                         f"model's context of {model.max_seq_len}: shorten the prompt or "
+        raise ValueError(f"prompt of {prompt.size(1)} tokens + {n_slots} more positions is past "
+                         f"the model's context of {model.max_seq_len}: shorten the prompt or "
                          "max_new_tokens")
     return prompt.to(next(model.parameters()).device)
 
@@ -281,7 +280,8 @@ def sbd_generate(model, prompt, settings, max_new_tokens, generator=None, record
                                                                settings, stop, generator)
         widths += [width for _, _, width in block_steps]
         if record_steps:
-            steps += [Step([n_out] * B, tokens.cpu(), revealed.cpu()) for tokens, revealed, _ in block_steps]
+            steps += [Step([n_out] * B, tokens.cpu(), revealed.cpu())
+                      for tokens, revealed, _ in block_steps]
         blocks.append(block)
         prev, done, nfe, n_out = block, done | finished, nfe + block_nfe, n_out + kb
     out = torch.cat(blocks, dim=1) if blocks else prompt[:, :0]

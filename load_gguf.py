@@ -97,8 +97,8 @@ def open_gguf(path):
         return gguf.GGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError) as e:
         if "GGMLQuantizationType" in str(e):  # a tensor type id the package has no name for
-            raise ConfigError(f"{path}: a tensor has an unknown type ({e}); a newer llama.cpp type? "
-                             "pip install -U gguf may help") from None
+            raise ConfigError(f"{path}: a tensor has an unknown type ({e}); "
+                              "a newer llama.cpp type? pip install -U gguf may help") from None
         raise ConfigError(f"{path}: not a readable GGUF file of {os.path.getsize(path)} bytes, "
                          f"truncated or corrupt (the gguf reader says: {e})") from None
 

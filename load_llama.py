@@ -123,7 +123,8 @@ def parse_tensor_entry(path, name, entry):
                          f"got {entry!r}")
     dtype_name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype_name, str) or dtype_name not in SAFETENSORS_DTYPES:
-        raise ConfigError(f"{where} has dtype {dtype_name!r}, not one of {list(SAFETENSORS_DTYPES)}")
+        raise ConfigError(f"{where} has dtype {dtype_name!r}, "
+                          f"not one of {list(SAFETENSORS_DTYPES)}")
     if not isinstance(shape, list) or not all(is_count(d) for d in shape):
         raise ConfigError(f"{where} has shape {shape!r}, not a list of non-negative integers")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(is_count(x) for x in offsets):

@@ -61,7 +61,8 @@ if init_from:  # a Llama as downloaded: never trained with the mask token, so NT
     if mode != "ntp":
         raise ConfigError("init_from loads a model as downloaded, which has no SBD training: "
                           "use --mode=ntp, or --out_dir of an SBD run")
-    model, tokenizer = load_pretrained(init_from, device, getattr(torch, resolve_dtype(dtype, device)))
+    model, tokenizer = load_pretrained(init_from, device,
+                                       getattr(torch, resolve_dtype(dtype, device)))
     settings = DecodeSettings(mask_id=tokenizer.mask_id, stop_ids=tokenizer.stop_ids)
 else:
     path = ckpt if ckpt.endswith(".pt") else os.path.join(out_dir, f"ckpt_{ckpt}.pt")

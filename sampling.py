@@ -37,18 +37,21 @@ class DecodeSettings:
         if self.k < 1:
             raise ConfigError(f"block size k must be at least 1, got {self.k}")
         if self.gamma < 0:
-            raise ConfigError(f"gamma must be >= 0 (0 reveals one token per forward), got {self.gamma}")
+            raise ConfigError("gamma must be >= 0 (0 reveals one token per forward), "
+                              f"got {self.gamma}")
         if self.rule not in REVEAL_RULES:
-            raise ConfigError(f"unknown reveal rule {self.rule!r}; choose one of {sorted(REVEAL_RULES)}")
+            raise ConfigError(f"unknown reveal rule {self.rule!r}; "
+                              f"choose one of {sorted(REVEAL_RULES)}")
         if self.mask_id in self.stop_ids:
             raise ConfigError(f"mask id {self.mask_id} cannot also be a stop token")
         if self.temperature < 0 or self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"need temperature >= 0 and top_k >= 1, got {self.temperature}, {self.top_k}")
+            raise ConfigError("need temperature >= 0 and top_k >= 1, "
+                              f"got {self.temperature}, {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.exact and self.temperature > 0 and self.rule != "left":
-            raise ConfigError("exact sampling (temperature > 0) needs drafts revealed left to right: "
-                             "rule='left' (docs/method.md, Exact sampling)")
+            raise ConfigError("exact sampling (temperature > 0) needs drafts revealed left to "
+                              "right: rule='left' (docs/method.md, Exact sampling)")
         self.stop_ids = tuple(self.stop_ids)
 
     def replace(self, **changes):

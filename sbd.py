@@ -1,5 +1,6 @@
 """
-Set Block Decoding (Gat et al., arXiv:2509.04185): what the method adds to a transformer for training.
+Set Block Decoding (Gat et al., arXiv:2509.04185): what the method adds to a transformer for
+training.
 
 One forward over [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}], position ids reused for the noisy copy.
 The clean half is ordinary next-token prediction (NTP); the noisy half learns to fill the masked
@@ -156,7 +157,8 @@ def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=Fal
 
 
 def sbd_loss(logits, labels, L, ntp_weight=1.0):
-    """Eq. 14: cross-entropy over all labelled slots, NTP (clean half) and masked tokens (noisy half).
+    """Eq. 14: cross-entropy over all labelled slots, NTP (clean half) and masked tokens (noisy
+    half).
 
     logits (B, T, V) and labels (B, T) of sbd_inputs; the clean half is the first L slots.
     The loss is a weighted mean: sum(w * nll) / sum(w) over labelled slots, w = ntp_weight on the

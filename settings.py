@@ -1,7 +1,7 @@
 """
-How a trained model is decoded: the settings record (sampling.DecodeSettings) built from a checkpoint
-and the calibration that evaluate.py writes next to it, and one call that decodes with it. sample.py,
-bench.py and evaluate.py all go through here, so they read a checkpoint the same way.
+How a trained model is decoded: the settings record (sampling.DecodeSettings) built from a
+checkpoint and the calibration that evaluate.py writes next to it, and one call that decodes with
+it. sample.py, bench.py and evaluate.py all go through here, so they read a checkpoint the same way.
 
 What decoding needs from training is in every train.py checkpoint: mask_id, stop_ids, stage ('ntp'
 or 'sbd') and config['ntp_weight'] (0: tuned without the NTP term, so a block's first token cannot

@@ -1,12 +1,15 @@
 """
-Tasks with verifiable answers (data/<name>/): load and tokenise them, make training batches, grade answers.
+Tasks with verifiable answers (data/<name>/): load and tokenise them, make training batches,
+grade answers.
 JsonlTask: instruction data for fine-tuning a Llama, prompt/response pairs in a local JSONL file.
-BenchmarkTask (at the end): a benchmark with verifiable answers for a Llama, prompt/answer rows in local JSONL files.
+BenchmarkTask (at the end): a benchmark with verifiable answers for a Llama, prompt/answer rows in
+local JSONL files.
 
-A task folder holds prepare.py, which writes train.txt / val.txt / test.txt (one "prompt<TAB>completion"
-per line) and meta.json (characters, mask and stop characters, lengths). Each example becomes one
-fixed-length row: prompt, completion, the stop character, then more stop characters as fill, so every row
-has the same length and the completion starts at the same place in every row.
+A task folder holds prepare.py, which writes train.txt / val.txt / test.txt (one
+"prompt<TAB>completion" per line) and meta.json (characters, mask and stop characters, lengths).
+Each example becomes one fixed-length row: prompt, completion, the stop character, then more stop
+characters as fill, so every row has the same length and the completion starts at the same place
+in every row.
 """
 
 import hashlib
@@ -27,8 +30,9 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 
 def data_version(paths):
-    """A short hash of these files' bytes. A checkpoint records it, so a model is never graded on, or resumed
-    with, data other than what it was trained on (e.g. after a pull changed prepare.py and the data was made again)."""
+    """A short hash of these files' bytes. A checkpoint records it, so a model is never graded on,
+    or resumed with, data other than what it was trained on (e.g. after a pull changed prepare.py
+    and the data was made again)."""
     digest = hashlib.sha256()
     for path in paths:
         with open(path, "rb") as f:
@@ -68,13 +72,14 @@ def task_of_checkpoint(checkpoint, checkpoint_path, tokenizer=None):
 
 
 def check_same_data(checkpoint, task, checkpoint_path):
-    """Refuse a checkpoint trained on another version of the task's data. Checkpoints from before the version
-    was recorded carry none and pass unchecked."""
+    """Refuse a checkpoint trained on another version of the task's data. Checkpoints from before
+    the version was recorded carry none and pass unchecked."""
     trained_on = checkpoint.get("data_version")
     if trained_on is not None and trained_on != task.data_version:
-        raise ConfigError(f"{checkpoint_path} was trained on another version of the data in {task.name} (version "
-                         f"{trained_on}; on disk now: {task.data_version}), e.g. its prepare.py changed since. Its "
-                         "answers would be graded, or its training resumed, on data it never saw: train it again "
+        raise ConfigError(f"{checkpoint_path} was trained on another version of the data in "
+                         f"{task.name} (version {trained_on}; on disk now: {task.data_version}), "
+                         "e.g. its prepare.py changed since. Its answers would be graded, or its "
+                         "training resumed, on data it never saw: train it again "
                          "(init_from='scratch'), or check out the commit it was trained at")
 
 
@@ -89,10 +94,12 @@ class CharTask:
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         self.mask_id, self.stop_id = self.stoi[meta["mask"]], self.stoi[meta["stop"]]
         self.stop_ids = [self.stop_id]
-        self.tokenizer_info = dict(kind="char", chars=self.chars)  # what a checkpoint records to decode
+        self.tokenizer_info = dict(kind="char", chars=self.chars)  # a checkpoint keeps it to decode
         self.prompt_len, self.seq_len = meta["prompt_len"], meta["seq_len"]
-        self.splits = {s: self._read(os.path.join(folder, f"{s}.txt")) for s in ("train", "val", "test")}
-        self.data_version = data_version([meta_path] + [os.path.join(folder, f"{s}.txt") for s in self.splits])
+        self.splits = {s: self._read(os.path.join(folder, f"{s}.txt"))
+                       for s in ("train", "val", "test")}
+        self.data_version = data_version([meta_path] + [os.path.join(folder, f"{s}.txt")
+                                                        for s in self.splits])
 
     def _read(self, path):
         with open(path) as f:
@@ -112,7 +119,7 @@ class CharTask:
         return "".join(self.chars[i] for i in ids)
 
     def encode_prompt(self, prompt):
-        """What the model is given to answer a problem (evaluate.py): here the prompt's characters."""
+        """What the model is given to answer a problem (evaluate.py): the prompt's characters."""
         return self.encode(prompt)
 
     def shape_prompt(self, text):
@@ -123,7 +130,8 @@ class CharTask:
         if widths != {width} or len(text) >= width or text != text.lstrip():
             return self.encode(text), None
         shaped = text.rjust(width)
-        return self.encode(shaped), f"right-aligned to {width} characters as in training: {shaped!r}"
+        return (self.encode(shaped),
+                f"right-aligned to {width} characters as in training: {shaped!r}")
 
     @property
     def max_new_tokens(self):
@@ -131,7 +139,7 @@ class CharTask:
         return self.seq_len - self.prompt_len
 
     def rows(self, split):
-        """All examples of a split as one (N, seq_len + 1) tensor: prompt, completion, stop, stop fill."""
+        """A split's examples as one (N, seq_len + 1) tensor: prompt, completion, stop, fill."""
         rows = []
         for prompt, completion in self.splits[split]:
             ids = self.encode(prompt + completion + self.meta["stop"])
@@ -139,17 +147,17 @@ class CharTask:
         return torch.tensor(rows, dtype=torch.long)
 
     def training_tensors(self, split, loss_on_answer_only):
-        """x, y (N, seq_len): inputs and next-token targets; answer (N, seq_len): x[i] is not prompt."""
+        """x, y (N, seq_len): inputs, next-token targets; answer (N, seq_len): x[i] isn't prompt."""
         rows = self.rows(split)
         x, y = rows[:, :-1], rows[:, 1:].clone()
         positions = torch.arange(self.seq_len)
-        answer = (positions >= self.prompt_len).expand_as(x)  # (N, seq_len): tokens the model must write
-        if loss_on_answer_only:  # like instruction tuning: never learn to predict the (random) prompt
+        answer = (positions >= self.prompt_len).expand_as(x)  # (N, seq_len): tokens to be written
+        if loss_on_answer_only:  # as instruction tuning: never learn to predict the (random) prompt
             y[:, positions < self.prompt_len - 1] = IGNORE_INDEX
         return x, y, answer
 
     def final_answer(self, completion):
-        """What gets graded: the text after the last answer marker up to '.', else the whole completion."""
+        """What gets graded: the text after the last answer marker up to '.', else all of it."""
         text = completion.split(self.meta["stop"])[0]
         marker = self.meta.get("answer_marker")
         if marker and marker in text:
@@ -231,7 +239,8 @@ class JsonlTask:
                            "val": [pairs[i] for i in order[:n_val]]}
         else:
             folder = prepared_folder(dataset, "train.jsonl")
-            self.name, paths = dataset, [os.path.join(folder, f"{s}.jsonl") for s in ("train", "val")]
+            self.name, paths = dataset, [os.path.join(folder, f"{s}.jsonl")
+                                         for s in ("train", "val")]
             self.splits = {s: self.read(path) for s, path in zip(("train", "val"), paths)}
         if len(self.splits["train"]) < 1:
             raise ConfigError(f"{dataset}: no training pairs (a .jsonl needs at least two)")
@@ -301,16 +310,18 @@ class JsonlTask:
 # -----------------------------------------------------------------------------
 # benchmarks with verifiable answers for a Llama (evaluate.py --benchmark=<file>.jsonl)
 
-# A number as people write it: digits with optional thousands separators (commas, or spaces before exactly three
-# digits: "1 234"), optional decimals and an optional /denominator ("3/4"). A minus counts unless it joins two
-# words or numbers ("3-4" is 3 and 4). A trailing period is never a decimal point: "1,234." is 1234.
+# A number as people write it: digits with optional thousands separators (commas, or spaces before
+# exactly three digits: "1 234"), optional decimals and an optional /denominator ("3/4"). A minus
+# counts unless it joins two words or numbers ("3-4" is 3 and 4). A trailing period is never a
+# decimal point: "1,234." is 1234.
 NUMBER = re.compile(r"(?:(?<![\w)])-)?(?:\d{1,3}(?:[, ]\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 LATEX_FRACTION = re.compile(r"\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}")  # \frac{3}{4} -> 3/4
 
 
 def after_marker(text, marker):
-    """The text after the last `marker` in text, or None if there is none. A marker followed by '{' (\\boxed{...})
-    gives what is inside its balanced braces (everything after '{' if they never close: a completion cut short)."""
+    """The text after the last `marker` in text, or None if there is none. A marker followed by '{'
+    (\\boxed{...}) gives what is inside its balanced braces (everything after '{' if they never
+    close: a completion cut short)."""
     at = text.rfind(marker)
     if not marker or at < 0:
         return None
@@ -326,7 +337,7 @@ def after_marker(text, marker):
 
 
 def canonical_number(text):
-    """'1,234' -> '1234', '$1,000.00' -> '1000', '0.50' and '1/2' -> '1/2': numbers compare by value."""
+    """'1,234' -> '1234', '$1,000.00' -> '1000', '0.50' and '1/2' -> '1/2': compare by value."""
     try:
         return str(Fraction(text.replace(",", "").replace(" ", "")))
     except (ValueError, ZeroDivisionError):  # '3/0'
@@ -334,13 +345,14 @@ def canonical_number(text):
 
 
 def final_answer(text, marker="", numeric=True):
-    """The answer a completion (or a reference) gives, as a canonical string, or None if it gives none.
+    """The answer a completion (or a reference) gives, as a canonical string, or None if none.
 
-    Where: the text after the last `marker` ('####'), or inside the braces after it ('\\boxed'); with no marker,
-    or none in the text, the whole text (lm-eval's "flexible" extraction: a model that forgets the marker is
-    still graded). numeric: the FIRST number after the marker, else the LAST number of the text, compared by
-    value (canonical_number; LaTeX \\frac{a}{b} reads as a/b); no number -> None, which is never correct.
-    numeric=False: the extracted text with spaces collapsed and surrounding '$', '.' and spaces removed.
+    Where: the text after the last `marker` ('####'), or inside the braces after it ('\\boxed');
+    with no marker, or none in the text, the whole text (lm-eval's "flexible" extraction: a model
+    that forgets the marker is still graded). numeric: the FIRST number after the marker, else the
+    LAST number of the text, compared by value (canonical_number; LaTeX \\frac{a}{b} reads as a/b);
+    no number -> None, which is never correct. numeric=False: the extracted text with spaces
+    collapsed and surrounding '$', '.' and spaces removed.
     """
     part = after_marker(text, marker)
     scope = text if part is None else part
@@ -368,7 +380,8 @@ def held_out(rows, n, seed=0):
     """(n rows drawn with a fixed seed, the other rows), each in file order."""
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
     chosen = set(order[:n])
-    return [r for i, r in enumerate(rows) if i in chosen], [r for i, r in enumerate(rows) if i not in chosen]
+    return ([r for i, r in enumerate(rows) if i in chosen],
+            [r for i, r in enumerate(rows) if i not in chosen])
 
 
 class BenchmarkTask:
@@ -392,7 +405,8 @@ class BenchmarkTask:
         self.answer_marker, self.numeric = answer_marker, numeric
         self.mask_id, self.stop_ids = self.tokenizer.mask_id, self.tokenizer.stop_ids
         # special tokens decode to text such as "<|reserved_special_token_12|>": never a number
-        self.special_text = re.compile("|".join(re.escape(name) for name in self.tokenizer.special))
+        self.special_text = re.compile("|".join(re.escape(name)
+                                                for name in self.tokenizer.special))
         grade = self.final_answer
         rows = read_benchmark(path, grade)
         if val_path:
@@ -418,7 +432,7 @@ class BenchmarkTask:
         return self.tokenizer.decode(ids)
 
     def final_answer(self, text):
-        """The task kind's one answer extractor (final_answer above) with this benchmark's marker."""
+        """The one answer extractor (final_answer above) with this benchmark's marker."""
         return final_answer(text, self.answer_marker, self.numeric)
 
     def is_correct(self, completion, reference):

@@ -39,9 +39,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import sbd
 from configurator import ConfigError, configure, pick_device, resolve_dtype
 from load_llama import init_mask_embedding
-from model import (IGNORE_INDEX, GPT, GPTConfig, Llama, LlamaConfig, configure_optimizer,
-                   save_checkpoint)
-
+from model import (
+    GPT,
+    IGNORE_INDEX,
+    GPTConfig,
+    Llama,
+    LlamaConfig,
+    configure_optimizer,
+    save_checkpoint,
+)
 from pretrained import load_pretrained, pretrained_path, tokenizer_of
 from task import CharTask, JsonlTask, check_same_data
 
@@ -247,9 +253,12 @@ raw_model = model
 if compile:
     model = torch.compile(model)
 if fsdp:  # parameters, gradients and optimizer state sharded, one Llama block gathered at a time
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     # gradients summed in fp32. The blocks' inputs are not cast: the rotary cos/sin stay fp32, and
@@ -261,7 +270,8 @@ if fsdp:  # parameters, gradients and optimizer state sharded, one Llama block g
     fully_shard(raw_model, mp_policy=mixed)
     FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0
 elif ddp:
-    model = DDP(model, device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
+    model = DDP(model,
+                device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
 
 
 def new_optimizer(stage):
@@ -280,7 +290,8 @@ checkpoint = None  # free memory
 
 def lr_at(it):
     """Linear warmup then cosine decay to min_lr_ratio * peak, restarted at each stage's start."""
-    peak, start, length = (ntp_lr, 0, ntp_iters) if it < ntp_iters else (sbd_lr, ntp_iters, sbd_iters)
+    peak, start, length = ((ntp_lr, 0, ntp_iters) if it < ntp_iters
+                           else (sbd_lr, ntp_iters, sbd_iters))
     it -= start
     if it < warmup_iters:
         return peak * (it + 1) / (warmup_iters + 1)
@@ -312,7 +323,8 @@ def estimate_losses():
 
 def stage_checkpoint():
     """A self-contained checkpoint (the layout in the docstring above), without the optimizer.
-    Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the weights."""
+    Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the
+    weights."""
     state = get_model_state_dict(raw_model, options=FULL) if fsdp else raw_model.state_dict()
     return dict(model=state, model_family="llama" if llama else "gpt", model_args=model_args,
                 stage=stage, config=config, tokenizer=task.tokenizer_info, dataset=dataset,
@@ -384,9 +396,11 @@ while iter_num < total_iters:
         dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
         t0 = time.time()
         tokens = rows * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
-        masked_text = "" if masked_loss is None else f", masked-token {masked_loss.item():.4f} (k={k})"
+        masked_text = ("" if masked_loss is None
+                       else f", masked-token {masked_loss.item():.4f} (k={k})")
         # the configs' memory estimates are checked against this peak
-        memory = f", peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB" if device_type == "cuda" else ""
+        memory = (f", peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB"
+                  if device_type == "cuda" else "")
         print(f"iter {iter_num} [{stage}]: loss {loss.item():.4f} (NTP {ntp_loss.item():.4f}"
               f"{masked_text}), lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s"
               f"{memory}")

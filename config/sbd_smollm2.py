@@ -15,8 +15,8 @@ dtype = "auto"  # bf16 autocast where the CPU computes it natively, else fp32
 
 # two fine-tunes of the pretrained model, same data, same steps (sbd_starts_from='init')
 sbd_starts_from = "init"
-ntp_iters = 800
-sbd_iters = 800
+ntp_iters = 500
+sbd_iters = 500
 batch_size = 4
 sbd_batch_size = 4
 ntp_lr = 1e-4
@@ -34,9 +34,11 @@ log_interval = 20
 eval_interval = 200
 eval_iters = 2
 
-# the report: Table 1 on 500 test problems, γ calibrated on 150 val problems, in bf16 where
-# native (an fp32 check of the exact mode on 100 problems), wall clock on 20 at batch 1
-report_args = ("--benchmark=data/wordproblems/test.jsonl --val_benchmark=data/wordproblems/val.jsonl "
-               "--answer_marker=#### --max_new_tokens=128 --val_problems=150 --max_problems=500 "
-               "--dtype=auto --fp32_check_problems=100 --batch_size=32 --exact_batch_size=32 "
-               "--exact_val_problems=100 --timing_problems=20")
+# the report: Table 1 on 500 test problems, γ calibrated on 200 val problems, decoding in bf16
+# where native (and an fp32 check of the exact mode on 64 problems), wall clock on 20 at batch 1
+report_args = ("--benchmark=data/wordproblems/test.jsonl "
+               "--val_benchmark=data/wordproblems/val.jsonl "
+               "--answer_marker=#### --max_new_tokens=128 --val_problems=200 --max_problems=500 "
+               "--gamma_grid=(0.001,0.003,0.01,0.03,0.1,0.3,1.0) --dtype=auto "
+               "--fp32_check_problems=64 --batch_size=32 --exact_batch_size=32 "
+               "--exact_val_problems=64 --timing_problems=20 --picture_problems=200")

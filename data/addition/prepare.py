@@ -3,8 +3,8 @@ Column addition written out as a reasoning trace: a task with verifiable answers
 long, mostly predictable scaffolding with a few hard tokens, like the reasoning traces where SBD
 pays off (docs/findings.md, The task).
 
-    prompt (right-aligned to 13 chars):  " Q:52+228=?A:"
-    completion:                          "ones 2+8+0=10 c1;tens 5+2+1=08 c0;huns 0+2+0=02 c0;so 0280."
+    prompt (right-aligned, 13 chars): " Q:52+228=?A:"
+    completion:                       "ones 2+8+0=10 c1;tens 5+2+1=08 c0;huns 0+2+0=02 c0;so 0280."
     then the stop character "\\n"
 
 Each step copies two operand digits and the carry (easy), then writes a two-digit column sum and
@@ -84,12 +84,14 @@ def sample_like(split, n, reference, rng):
         counts[digits(a), digits(b)] = counts.get((digits(a), digits(b)), 0) + 1
     exact = {c: n * k / len(reference) for c, k in counts.items()}
     quota = {c: int(x) for c, x in exact.items()}
-    for c in sorted(exact, key=lambda c: exact[c] - quota[c], reverse=True)[:n - sum(quota.values())]:
+    largest_remainders = sorted(exact, key=lambda c: exact[c] - quota[c], reverse=True)
+    for c in largest_remainders[:n - sum(quota.values())]:
         quota[c] += 1
     out = []
     for (da, db), k in sorted(quota.items()):
         pool = [(a, b) for a in range(10 ** (da - 1) if da > 1 else 0, 10 ** da)
-                for b in range(10 ** (db - 1) if db > 1 else 0, 10 ** db) if split_of(a, b) == split]
+                for b in range(10 ** (db - 1) if db > 1 else 0, 10 ** db)
+                if split_of(a, b) == split]
         if len(pool) < k:
             raise ValueError(f"{split}: class {da}+{db} digits has {len(pool)} problems, need {k}")
         out += rng.sample(pool, k)
