@@ -293,7 +293,7 @@ def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
         last = offset + T - 1
         pos = torch.arange(offset, offset + T, device=idx.device)  # (T,)
     else:
-        last = int(pos.max()) if pos.numel() else -1
+        last = int(pos.max()) if pos.numel() and not torch.compiler.is_compiling() else -1
     if last >= max_seq_len:
         raise ValueError(f"position {last} is past the model's context of {max_seq_len} tokens")
     if mask is None:
