@@ -342,14 +342,17 @@ def bench_batch():
     print(f"{'batch':>5} "
           + " ".join(f"{m + ' tok/s':>14} {'x NTP':>6} {'pred.':>6}" for m in modes)
           + f" {'tok/fwd per row':>16}")
-    table = {}
+    table, outputs = {}, {}
     for B in batch_sizes:
         cells, per_row = {}, {}
         for mode, (settings, ntp) in modes.items():
             tokens, seconds, forwards, predicted = 0, 0.0, 0, 0.0
-            for _, prompts, n_pad, max_new in batches(task, model, problems, B):
+            outputs[mode, B] = [None] * len(problems)
+            for indices, prompts, n_pad, max_new in batches(task, model, problems, B):
                 padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model
-                _, stats = decode(padded, prompts.to(device), settings, max_new, ntp=ntp)
+                out, stats = decode(padded, prompts.to(device), settings, max_new, ntp=ntp)
+                for i, ids in zip(indices, out):
+                    outputs[mode, B][i] = ids
                 tokens, seconds = tokens + sum(stats.tokens), seconds + stats.wall_time
                 forwards += sum(stats.nfe)
                 predicted += sum(overhead + roofline.model_time(w, kv, len(stats.tokens), hw, shape)
@@ -365,6 +368,11 @@ def bench_batch():
         slower = [B for B in batch_sizes if table[B][mode][0] <= table[B]["NTP"][0]]
         where = f"from batch {slower[0]} on" if slower else f"at none of {list(batch_sizes)}"
         print(f"{mode} stops paying (no more tokens/s than NTP) {where}")
+    alone = outputs["NTP", min(batch_sizes)]  # NTP, each row as alone as the sizes go
+    for B in batch_sizes:
+        same = sum(a == b for a, b in zip(outputs["exact SBD", B], alone))
+        print(f"exact SBD at batch {B}: output identical to NTP at batch {min(batch_sizes)} on "
+              f"{same} of {len(problems)} problems")
     plot_batch(table, os.path.join(out_dir, "batch.png"))
 
 

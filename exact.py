@@ -30,6 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from generate import Check, DecodeStats, Step, check_mask_id, check_prompt, new_cache, prefill
+from model import dense_mask
 from sampling import REVEAL_RULES, filter_logits, reveal_step, sample, suppress_mask
 from sbd import hybrid_mask
 
@@ -64,6 +65,11 @@ class RowCache:
         end = max(self.lengths) + T
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} slots needed, max_len {self.max_len}")
+        if len(set(self.lengths)) == 1:  # rows alike (always at batch 1): write a slice
+            start = self.lengths[0]
+            self.k[layer][:, :, start:end] = k_new
+            self.v[layer][:, :, start:end] = v_new
+            return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
         if self.index is None or self.index.size(2) != T:
             start = torch.tensor(self.lengths, device=k_new.device)[:, None]  # (B, 1)
             self.index = (start + torch.arange(T, device=k_new.device))[:, None, :, None]
@@ -358,8 +364,13 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
         pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
                                 for p, n in zip(rows.pending, n_prev)], dtype=torch.long,
                                device=prompt.device)
-        if B == 1 and P == 1 and W == 0:  # one token on one row: the plain NTP forward
-            logits, _ = model(pending, cache=cache)
+        alike = len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1
+        if alike:  # every row the same shape (always at batch 1): no padding, generate.py's mask
+            n, T = cache.lengths[0], P + W
+            mask = None if T == 1 else dense_mask(lambda q, kv: hybrid_mask(q, kv, n + P), T,
+                                                  n + T, query_offset=n, device=prompt.device)
+            tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, T)
+            logits, _ = model(tokens, mask=mask, cache=cache, n_commit=P)
         else:
             tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
             logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)

