@@ -30,8 +30,8 @@ class Step:
     """One SBD forward of record_steps=True: the block after it and what it revealed."""
 
     block_start: list  # per row: index of its block's first token among its generated tokens
-    tokens: list  # per row: its block after this forward (kb,), mask_id where still masked
-    revealed: list  # per row: (kb,) bool, the positions this forward revealed
+    tokens: list  # per row (a list, or a (B, kb) tensor): its block after this forward, mask_id
+    revealed: list  # where still masked; and (kb,) bool, the positions this forward revealed
     check: list = None  # exact SBD, per row: this forward's Check of its drafts, or None
 
 
@@ -207,7 +207,8 @@ def stop_reached(block, is_masked, stop):
 def reveal_first(block, is_masked, causal, settings, generator=None):
     """Slot 0 of a new block gets the token NTP decoding would emit there: the committed prefix's
     last causal logit predicts exactly that position, and the block's first forward computes it.
-    It costs none of the reveal rule's budget. -> (block, is_masked, revealed (B, kb))."""
+    It costs none of the reveal rule's budget. Writes into `block` (and returns it) ->
+    (block, is_masked, revealed (B, kb))."""
     revealed = torch.zeros_like(is_masked)
     revealed[:, 0] = is_masked[:, 0]
     first = next_token(causal[:, -1], settings, generator)  # (B,)

@@ -171,7 +171,8 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
                           ignore_index=IGNORE_INDEX, reduction="none").view(labels.shape)  # (B, T)
     labelled = (labels != IGNORE_INDEX).float()
     weight = torch.cat([labelled[:, :L] * ntp_weight, labelled[:, L:]], dim=1)  # (B, T)
-    loss = (nll * weight).sum() / weight.sum().clamp(min=1)
+    # a batch without labels gives 0, not 0/0; any positive total weight divides as it is
+    loss = (nll * weight).sum() / weight.sum().clamp(min=torch.finfo(torch.float32).tiny)
     ntp = (nll[:, :L] * labelled[:, :L]).sum() / labelled[:, :L].sum().clamp(min=1)
     masked = (nll[:, L:] * labelled[:, L:]).sum() / labelled[:, L:].sum().clamp(min=1)
     return loss, ntp.detach(), masked.detach()

@@ -108,6 +108,9 @@ config = configure(globals(), sys.argv[1:])
 pretrained = init_from not in ("scratch", "resume")
 if pretrained:
     pretrained_path(init_from)  # a clear error now, before anything else runs
+if dataset.endswith(".jsonl") and init_from == "scratch":
+    raise ConfigError(f"dataset={dataset!r}: a .jsonl dataset fine-tunes a Llama-family model; "
+                      "set init_from to its directory, a .gguf file or 'smollm2'")
 if sbd_starts_from not in ("ntp", "init"):
     raise ConfigError(f"sbd_starts_from must be 'ntp' or 'init', got {sbd_starts_from!r}")
 if attention not in ("sdpa", "flex"):
