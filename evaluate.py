@@ -36,7 +36,7 @@ import torch
 from configurator import ConfigError, configure, pick_device
 from generate import format_steps
 from model import causal_mask, dense_mask, load_checkpoint
-from pretrained import load_baseline, load_run, pretrained_path
+from pretrained import load_baseline, load_models, load_run, pretrained_path
 from settings import decode, settings_for, write_calibration
 from task import CharTask, task_of_checkpoint
 
@@ -564,8 +564,7 @@ def main(argv):
                        numeric=o["numeric"])
         reference = load_reference(run[2], device, next(run[1].parameters()).dtype, o["baseline"])
         if o["fp32_check_problems"] and next(run[1].parameters()).dtype != torch.float32:
-            fp32_models = load_run(out_dir, device, benchmark, o["val_benchmark"],
-                                   o["baseline"], "float32")[:2]
+            fp32_models = load_models(out_dir, device, o["baseline"], "float32")[:2]
     report(out_dir, device, run=run, reference=reference, fp32_models=fp32_models,
            **{k: v for k, v in o.items() if k not in ("out_dir",)})
 

@@ -76,6 +76,19 @@ def load_run(out_dir, device, benchmark, val_benchmark="", baseline="", dtype="f
     """-> (NTP baseline, SBD model, SBD checkpoint, task) for evaluate.report(run=...), both
     models in dtype ('auto': bf16 where the device computes it natively). task_settings:
     BenchmarkTask's (val_problems, max_new_tokens, answer_marker, numeric)."""
+    ntp_model, sbd_model, checkpoint, baseline = load_models(out_dir, device, baseline, dtype)
+    task = BenchmarkTask(benchmark, tokenizer_of(checkpoint["tokenizer"]),
+                         val_benchmark or None, **task_settings)
+    dtype_name = str(next(sbd_model.parameters()).dtype).removeprefix("torch.")
+    print(f"benchmark {task.name}: {len(task.splits['test'])} test problems; "
+          f"γ calibrated on {task.info['val']}; graded by {describe_grader(task)}; "
+          f"NTP baseline {baseline}; decoding in {dtype_name}")
+    return ntp_model, sbd_model, checkpoint, task
+
+
+def load_models(out_dir, device, baseline="", dtype="float32"):
+    """-> (NTP baseline, SBD model, SBD checkpoint, the baseline's name) of an SBD-tuned chat run:
+    the baseline is the run's own NTP fine-tune if it made one, else the model it started from."""
     dtype = getattr(torch, resolve_dtype(dtype, device))
     sbd_model, checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt_sbd.pt"), device)
     if checkpoint["model_family"] != "llama" or checkpoint["stage"] != "sbd":
@@ -85,13 +98,7 @@ def load_run(out_dir, device, benchmark, val_benchmark="", baseline="", dtype="f
     own_baseline = os.path.join(out_dir, "ckpt_ntp.pt")
     baseline = baseline or (own_baseline if os.path.exists(own_baseline)
                             else checkpoint["config"]["init_from"])
-    ntp_model = load_baseline(baseline, device, dtype)
-    task = BenchmarkTask(benchmark, tokenizer_of(checkpoint["tokenizer"]),
-                         val_benchmark or None, **task_settings)
-    print(f"benchmark {task.name}: {len(task.splits['test'])} test problems; "
-          f"γ calibrated on {task.info['val']}; graded by {describe_grader(task)}; "
-          f"NTP baseline {baseline}; decoding in {str(dtype).removeprefix('torch.')}")
-    return ntp_model, sbd_model, checkpoint, task
+    return load_baseline(baseline, device, dtype), sbd_model, checkpoint, baseline
 
 
 def load_baseline(where, device, dtype):
