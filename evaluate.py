@@ -183,7 +183,7 @@ def within_budget(sweep, floor):
 
 
 def calibrate(model, task, base, ntp_val_accuracy, k, low_target, high_target, grid=GAMMA_GRID,
-              batch_size=250, exact_val_problems=200, exact_batch_size=1):
+              batch_size=250, exact_val_problems=200, exact_batch_size=1, exact_grid=EXACT_GRID):
     """-> dict(low=γ or None, high=γ or None, exact=γ, sweep=[(γ, val acc, tok/fwd)],
     exact_sweep=[(γ, tok/fwd)]). base: the DecodeSettings every γ of the sweep starts from."""
     val, sweep = task.splits["val"], []
@@ -197,7 +197,7 @@ def calibrate(model, task, base, ntp_val_accuracy, k, low_target, high_target, g
         if len(sweep) > 1 and tokens_per_forward(r) < SATURATED * tokens_per_forward(sweep[-2][1]):
             break  # a larger γ would only add risk: the block is about as fast as it gets
     exact_sweep = []
-    for g in EXACT_GRID:
+    for g in exact_grid:
         settings = base.replace(k=k, gamma=g, exact=True)
         r = solve(model, task, val[:exact_val_problems], settings, batch_size=exact_batch_size)
         exact_sweep.append((g, r))
@@ -426,8 +426,9 @@ OPTIONS = dict(
     high_target=1.5,  # γ_high: the same with this many
     gamma_grid=(),  # the γ values swept on val, upward
     batch_size=0,  # prompts decoded together (NTP and plain SBD)
-    exact_batch_size=1,  # prompts decoded together by the exact mode
+    exact_batch_size=0,  # prompts decoded together by the exact mode (0 = batch_size)
     exact_val_problems=0,  # val problems that pick the exact mode's γ
+    exact_gammas=(),  # the γ values they try; () = EXACT_GRID
     timing_problems=0,  # test problems decoded one at a time for the wall-clock comparison
     # a chat model (train.py with a pretrained init_from) on a JSONL benchmark (pretrained.py)
     benchmark="",  # test rows {"prompt": ..., "answer": ...}; '' = the small demo of out_dir
@@ -456,8 +457,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
                         o["batch_size"] or defaults["batch_size"])
     exact_val_problems = o["exact_val_problems"] or defaults["exact_val_problems"]
     timing_problems = o["timing_problems"] or defaults["timing_problems"]
-    exact_batch_size, low_target, high_target = (o["exact_batch_size"], o["low_target"],
-                                                 o["high_target"])
+    exact_batch_size = o["exact_batch_size"] or batch_size
+    low_target, high_target = o["low_target"], o["high_target"]
     n = o["max_problems"] or None
     task.splits = {split: problems[:n] for split, problems in task.splits.items()}
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
@@ -477,7 +478,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
           f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): γ_low within {low_target} points, "
           f"γ_high within {high_target}; γ grid {list(grid)}")
     calibration = {k: calibrate(sbd_model, task, base, ntp_val, k, low_target, high_target, grid,
-                                batch_size, exact_val_problems, exact_batch_size)
+                                batch_size, exact_val_problems, exact_batch_size,
+                                o["exact_gammas"] or EXACT_GRID)
                    for k in o["ks"]}
     rows = table_rows(ntp_model, sbd_model, task, base, calibration,
                       dict(low=low_target, high=high_target), batch_size, exact_batch_size)
