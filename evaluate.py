@@ -358,7 +358,7 @@ def curves(model, task, base, calibration, extra_ks, n, batch_size, exact_batch_
     return out
 
 
-def plot_sweep(curves, ntp_val_accuracy, low_target, path):
+def plot_sweep(curves, ntp_val_accuracy, low_target, path, trained_k=None):
     """Val accuracy against tokens per forward, one curve per k from the smallest γ to revealing
     every masked position at once; γ_low/γ_high and the exact mode (a star at NTP's accuracy)
     marked. matplotlib is optional: without it, say how to get the picture and go on."""
@@ -375,6 +375,8 @@ def plot_sweep(curves, ntp_val_accuracy, low_target, path):
         gammas, accs, tpfs = zip(*c["points"])
         lossless = min(accs) >= ntp_val_accuracy - low_target
         label = f"SBD k={k}" + (" (no γ loses accuracy)" if lossless else "")
+        if trained_k is not None and k > trained_k:
+            label += f", a block size never trained (k <= {trained_k})"
         line, = ax.plot(tpfs, accs, "o-", label=label)
         ax.annotate("all at once", (tpfs[-1], accs[-1]), textcoords="offset points",
                     xytext=(4, 4), fontsize=7, color=line.get_color())
@@ -503,7 +505,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     step_views(sbd_model, task, base, calibration, best_k, exact_k)
     drawn = curves(sbd_model, task, base, calibration, o["picture_ks"], o["picture_problems"],
                    batch_size, exact_batch_size)
-    picture = plot_sweep(drawn, ntp_val, low_target, os.path.join(out_dir, "sweep.png"))
+    trained_k = (checkpoint.get("config") or {}).get("k_max")
+    picture = plot_sweep(drawn, ntp_val, low_target, os.path.join(out_dir, "sweep.png"), trained_k)
 
     calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
     choices = dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"])
