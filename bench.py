@@ -4,6 +4,8 @@ Decoding benchmarks, measured side by side in one run (timings to read, not a pa
     python bench.py --what=kvcache   # NTP with the KV cache vs recomputing the context every step
     python bench.py --what=sbd       # SBD vs NTP: measured, and as Eq. 16 predicts from forwards
     python bench.py --what=roofline  # a k-token forward on a KV cache vs roofline.py's prediction
+    python bench.py --what=batch     # tokens/s of NTP, SBD and exact SBD against batch size
+    python bench.py --what=adaptive  # exact SBD with and without the adaptive block size
 
 kvcache: a 6-layer, 384-wide GPT decodes new_tokens tokens greedily twice: through the KV cache
 (generate.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole
@@ -20,6 +22,12 @@ bytes/bandwidth) for this CPU (peak and bandwidth measured here, or given) and t
 t(k) = overhead + roofline(k): least squares over k, and exact at k=1. On a CPU these tiny models
 are bound by per-call overhead, not by flops or bytes: the fitted overhead says by how much, and the
 cost of one more token says how far the roofline's price is off.
+batch: out_dir's checkpoint decodes the same problems at each of batch_sizes with NTP, plain and
+exact SBD; tokens per second side by side, the roofline's prediction from the forwards each mode
+fed, where SBD stops paying, and exact SBD's output checked against NTP's at every size (batch.png).
+adaptive: exact SBD with adaptive=False and True on out_dir's checkpoint: tokens per forward on
+test problems, and batch-1 wall clock against NTP there, on prompts unlike training's and on a
+random model of the same shape (the demo), where drafts keep failing.
 """
 
 import collections
@@ -41,7 +49,7 @@ from settings import decode, read_calibration, settings_for
 from task import task_of_checkpoint
 
 # -----------------------------------------------------------------------------
-what = "sbd"  # 'kvcache', 'sbd' or 'roofline'
+what = "sbd"  # 'kvcache', 'sbd', 'roofline', 'batch' or 'adaptive'
 device = "cpu"  # this is a CPU benchmark; timings on an accelerator would need more care
 seed = 1337
 threads = 0  # torch threads; 0 = default. Never time next to another torch job (docs/findings.md)
@@ -68,8 +76,9 @@ batch_sizes = (1, 4, 16, 64)
 batch_problems = 128  # problems decoded at every batch size, in batches of that size
 decode_dtype = "float32"  # 'float32', 'bfloat16', or 'auto' (bf16 where the CPU computes it)
 # adaptive: exact SBD with and without the adaptive block size, on out_dir's checkpoint
-adaptive_problems = 1000  # test problems for tokens per forward (decoded in batches of 250)
-unfamiliar_prompts = 200  # prompts unlike training's, decoded one at a time (wall clock)
+adaptive_problems = 1000  # test problems for tokens per forward
+adaptive_batch_size = 250  # ... decoded in batches of this many
+unfamiliar_prompts = 200  # prompts decoded one at a time for the wall clock (each case)
 # roofline (the demo's shape and the random model above)
 roofline_ks = (1, 2, 4, 8, 16, 32)  # tokens per forward
 roofline_kv = 40  # KV cache tokens: mid-answer in the demo (13-token prompt, ~59-token answer)
@@ -126,7 +135,6 @@ def sbd_setup():
         print(f"no {path}: a random GPT {n_layer}L/{n_embd}d, k={plain.k}, γ={g:g}")
         return (model, prompts, plain, plain.replace(exact=True), max_new_tokens,
                 f"random GPT {n_layer}L/{n_embd}d")
-    from task import task_of_checkpoint  # only a trained model comes with a task
 
     model, checkpoint = load_checkpoint(path, device)
     task, calibration = task_of_checkpoint(checkpoint, path), read_calibration(path, checkpoint)
@@ -242,31 +250,31 @@ def timed(model, prompts, settings, ntp=False):
 
 def bench_adaptive():
     """Exact SBD with the adaptive block size against without, side by side: tokens per forward on
-    the demo's test problems, and batch-1 wall clock against NTP where drafts keep failing (prompts
-    unlike training's, and a random model)."""
+    test problems, and batch-1 wall clock against NTP. For the demo also where drafts keep failing
+    (prompts unlike training's, and a random model of the same shape)."""
     import random
 
     from evaluate import solve
 
-    path = os.path.join(out_dir, "ckpt_sbd.pt")
-    model, checkpoint = load_checkpoint(path, device)
-    task = task_of_checkpoint(checkpoint, path)
-    exact = settings_for(checkpoint, read_calibration(path, checkpoint), k=k or None, exact=True)
-    problems = task.splits["test"][:adaptive_problems]
+    model, problems, _, exact, task, path = batch_setup(adaptive_problems)
     print(f"{path}: exact SBD k={exact.k} γ={exact.gamma:g}; {cpu_name()}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, {next(model.parameters()).dtype}")
     for adaptive in (False, True):
-        r = solve(model, task, problems, exact.replace(adaptive=adaptive), batch_size=250)
+        r = solve(model, task, problems, exact.replace(adaptive=adaptive),
+                  batch_size=adaptive_batch_size)
         print(f"  adaptive={adaptive!s:5}: {r['tokens'] / r['forwards']:.2f} tokens per forward on "
               f"{len(problems)} test problems ({r['accuracy']:.2f}% right)")
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    shape = dict(n_layer=model.config.n_layer, n_head=model.config.n_head,
-                 n_embd=model.config.n_embd, block_size=model.config.block_size,
-                 vocab_size=model.config.vocab_size)
-    cases = [("prompts unlike training's", model, unfamiliar(task, unfamiliar_prompts, rng)),
-             ("a random model, same shape", build_model("gpt", **shape).to(device).eval(),
-              [task.encode_prompt(p) for p, _ in task.splits["test"][:unfamiliar_prompts]])]
+    test_prompts = [task.encode_prompt(p) for p, _ in problems[:unfamiliar_prompts]]
+    cases = [("test problems", model, test_prompts)]
+    if hasattr(model, "transformer"):  # the demo GPT: character prompts and a random twin
+        shape = dict(n_layer=model.config.n_layer, n_head=model.config.n_head,
+                     n_embd=model.config.n_embd, block_size=model.config.block_size,
+                     vocab_size=model.config.vocab_size)
+        cases += [("prompts unlike training's", model, unfamiliar(task, unfamiliar_prompts, rng)),
+                  ("a random model, same shape", build_model("gpt", **shape).to(device).eval(),
+                   test_prompts)]
     for name, m, prompts in cases:
         decode(m, torch.tensor([prompts[0]], device=device), exact, 4)  # warm-up
         ntp_s, ntp_tokens, _ = timed(m, prompts, exact, ntp=True)
@@ -298,11 +306,10 @@ def cpu_hardware(model):
                 kv_bytes=dtype.itemsize)
 
 
-def batch_setup():
-    """-> (model, prompts [ids], plain settings or None, exact settings, task, description) for
-    out_dir's checkpoint: the demo's test problems, or a chat model's val problems."""
+def batch_setup(n_problems):
+    """-> (model, n_problems problems, plain settings or None, exact settings, task, path) for
+    out_dir's checkpoint: the demo's test problems, or a chat model's benchmark problems."""
     from pretrained import tokenizer_of
-    from task import task_of_checkpoint
 
     path = os.path.join(out_dir, "ckpt_sbd.pt")
     model, checkpoint = load_checkpoint(path, device)
@@ -310,7 +317,7 @@ def batch_setup():
     tokenizer = (tokenizer_of(checkpoint["tokenizer"]) if checkpoint["model_family"] == "llama"
                  else None)
     task = task_of_checkpoint(checkpoint, path, tokenizer)
-    problems = (task.splits.get("test") or task.splits["val"])[:batch_problems]
+    problems = (task.splits.get("test") or task.splits["val"])[:n_problems]
     calibration = read_calibration(path, checkpoint)
     exact = settings_for(checkpoint, calibration, k=k or None, exact=True)
     try:
@@ -326,7 +333,7 @@ def bench_batch():
     and what the roofline of this CPU predicts from the forwards each decode fed (widths)."""
     from evaluate import LeftPadded, batches
 
-    model, problems, plain, exact, task, path = batch_setup()
+    model, problems, plain, exact, task, path = batch_setup(batch_problems)
     modes = {"NTP": (exact, True), "exact SBD": (exact, False)}
     if plain:
         modes["SBD"] = (plain, False)

@@ -200,8 +200,8 @@ class Rows:
     def __init__(self, prompt, settings, max_new_tokens):
         B, K, device = prompt.size(0), settings.k, prompt.device
         self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
-        self.out = [[] for _ in range(B)]  # verified tokens
-        self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: verified token, drafts
+        self.out = [[] for _ in range(B)]  # checked tokens
+        self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
         self.pending_revealed_by = [[] for _ in range(B)]  # forward of its block, per pending slot
         self.done = [False] * B
         self.k, self.patience, self.wait = [K] * B, [1] * B, [0] * B  # the block size's state
@@ -228,7 +228,7 @@ class Rows:
         self.revealed_by[b], self.forwards[b] = -1, 0
 
     def emit(self, b, tokens):
-        """Verified tokens of row b; the row is done at a stop token or at max_new_tokens."""
+        """Checked tokens of row b; the row is done at a stop token or at max_new_tokens."""
         for t in tokens:
             if not self.done[b]:
                 self.out[b].append(t)
@@ -237,10 +237,10 @@ class Rows:
 
 
 def check_pending(rows, cache, pending, causal, n_prev, generator):
-    """Verify what each row's forward committed. -> per row: its Check (None: nothing committed),
+    """Check what each row's forward committed. -> per row: its Check (None: nothing committed),
     whether it rejected a draft, whether its new block's slot 0 was revealed (NTP's token).
 
-    pending (B, P): each row's verified token then its drafts, padded; causal (B, P, V).
+    pending (B, P): each row's checked token then its drafts, padded; causal (B, P, V).
     """
     s = rows.settings
     drafts = pending[:, 1:]  # (B, P - 1): draft j is checked by the causal logits at slot j
@@ -273,7 +273,7 @@ def check_pending(rows, cache, pending, causal, n_prev, generator):
             rows.new_block(b)
         elif rows.kb[b] == 0:  # the row's last block checked out
             rows.done[b] = True
-        else:  # the new block's first token is NTP's own: verified as it is made
+        else:  # the new block's first token is NTP's own: checked as it is made
             rows.block[b, 0], rows.is_masked[b, 0], rows.revealed_by[b, 0] = targets[b][n], False, 0
             rows.block_start[b], first[b] = len(rows.out[b]), True
             rows.emit(b, [targets[b][n]])
@@ -336,7 +336,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     """Exact SBD decoding of a batch: each row's output is NTP decoding's of that row alone.
 
     prompt (B, T0), rows of equal length; settings.exact need not be set. Every forward feeds, per
-    row, its pending tokens (a verified token and the drafts to check) and its block (k slots to
+    row, its pending tokens (a checked token and the drafts to check) and its block (k slots to
     draft, or the block alone in the block's later forwards), padded to the batch's widest. Greedy
     at temperature 0; sampling needs settings.rule = 'left' (docs/method.md, Exact sampling).
     Returns (tokens, stats) as sbd_generate, with per-row stats.accepted, rejected, wasted_forwards

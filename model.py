@@ -97,7 +97,8 @@ class KVCache:
         self.length += n
 
     def truncate(self, length):
-        """Drop cached tokens from slot `length` on (exact decoding rejected a cached draft)."""
+        """Drop cached tokens from slot `length` on: undo commits (exact.py's per-row cache does
+        this row by row, RowCache.forget)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
         self.length = length

@@ -8,7 +8,8 @@ or 'sbd') and config['ntp_weight'] (0: tuned without the NTP term, so a block's 
 come from the next-token logits; docs/method.md, The block's first token). What decoding needs from
 evaluation is in out_dir/calibration.json, one entry per block size:
 
-    {"checkpoint": "ckpt_sbd.pt", "data_version": "...", "calibrated_on": "2000 val problems ...",
+    {"checkpoint": "ckpt_sbd.pt", "data_version": "...",
+     "calibrated_on": "the val split of addition",
      "k": {"16": {"gamma_low": 0.01, "gamma_high": 0.02, "gamma_exact": 1e9}, "8": {...}},
      "operating_k": 16, "exact_k": 16}
 

@@ -92,7 +92,7 @@ eval_iters = 4  # batches per loss estimate
 halt_after = -1  # stop after this many iterations (time-boxed runs, tests); resume continues
 report = True  # at the end: calibrate γ on val, Table 1 on test (evaluate.py)
 report_problems = 0  # val/test problems the report uses (0 = all; the end-to-end test: a few)
-report_args = ""  # a chat model's report: evaluate.py's settings, e.g. "--benchmark=... --k=16"
+report_args = ""  # a chat model's report: evaluate.py's settings, e.g. "--benchmark=... --ks=(16,)"
 # system
 seed = 1337
 device = ""  # '' = autodetect cuda -> mps -> cpu

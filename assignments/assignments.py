@@ -150,7 +150,7 @@ ASSIGNMENTS = [
          functions=[], tests=[]),
     dict(number=10, title="Eq. 16 on your own machine", kind="experiment", points=5,
          builds_on=[3, 5], writeup="10_eq16_wall_clock.md", functions=[], tests=[]),
-    dict(number=11, title="Exact mode: what verification costs", kind="experiment", points=5,
+    dict(number=11, title="Exact mode: what checking drafts costs", kind="experiment", points=5,
          builds_on=[1, 2, 3, 4, 5], writeup="11_exact_mode.md", functions=[], tests=[]),
     dict(number=12, title="Why reasoning traces suit SBD", kind="experiment", points=5,
          builds_on=[1, 2, 3, 4, 5], writeup="12_traces.md", functions=[], tests=[]),

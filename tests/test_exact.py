@@ -68,7 +68,7 @@ def test_exact_equals_greedy_ntp(family, k):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_commit_forward_yields_a_verified_token(family):
+def test_every_commit_forward_yields_a_checked_token(family):
     m = random_model(family)
     for p in range(3):
         prompt, stop = prompt_and_stop(m, p)

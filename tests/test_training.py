@@ -164,13 +164,13 @@ def test_loss_is_one_cross_entropy_over_all_labelled_positions():
                 p = torch.softmax(logits[b, i].double(), dim=0)[labels[b, i]]
                 nll["clean" if i < L else "noisy"].append(-torch.log(p).item())
     mean = lambda xs: sum(xs) / len(xs)
-    loss, ntp, mtp = sbd.sbd_loss(logits, labels, L)
+    loss, ntp, masked = sbd.sbd_loss(logits, labels, L)
     assert loss.item() == pytest.approx(mean(nll["clean"] + nll["noisy"]), rel=1e-5), (
         "loss: one mean of -log p over every labelled slot of both halves (Eq. 14), not the mean "
         "of the two halves' means")
     assert ntp.item() == pytest.approx(mean(nll["clean"]), rel=1e-5), (
         "ntp_loss: the plain mean over the labelled slots of the clean half (the first L)")
-    assert mtp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5), (
+    assert masked.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5), (
         "masked_loss: the plain mean over the labelled slots of the noisy half (after the first L)")
     loss_without_ntp, _, _ = sbd.sbd_loss(logits, labels, L, ntp_weight=0.0)  # the paper's ablation
     assert loss_without_ntp.item() == pytest.approx(mean(nll["noisy"]), rel=1e-5), (
