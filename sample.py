@@ -39,7 +39,7 @@ exact = False  # exact SBD: drafts checked against NTP, the output is NTP's
 adaptive = False  # exact SBD: each block's size follows how many drafts survived
 k = 0  # SBD block size; 0 = the calibrated one (16 without a calibration)
 gamma = -1.0  # threshold of the reveal rule (γ, or f for 'factor'); -1 = the calibrated one
-rule = ""  # 'entropy', 'confidence' (EB-Sampler), 'left', 'factor'; '' = entropy (exact, T > 0: left)
+rule = ""  # 'entropy', 'confidence' (EB-Sampler), 'left', 'factor'; '' = entropy (left: exact, T>0)
 temperature = 0.0  # 0 = greedy, the paper's setting; > 0 samples
 top_k = 0  # with temperature > 0: sample among the top_k most likely tokens only (0 = all)
 top_p = 1.0  # with temperature > 0: sample among the smallest set holding top_p of the mass
