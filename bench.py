@@ -254,16 +254,17 @@ def bench_adaptive():
     (prompts unlike training's, and a random model of the same shape)."""
     import random
 
-    from evaluate import solve
-
     model, problems, _, exact, task, path = batch_setup(adaptive_problems)
     print(f"{path}: exact SBD k={exact.k} γ={exact.gamma:g}; {cpu_name()}, "
           f"{torch.get_num_threads()} threads, {next(model.parameters()).dtype}")
+    ntp_out, _ = decode_problems(model, task, problems, exact, adaptive_batch_size, ntp=True)
     for adaptive in (False, True):
-        r = solve(model, task, problems, exact.replace(adaptive=adaptive),
-                  batch_size=adaptive_batch_size)
-        print(f"  adaptive={adaptive!s:5}: {r['tokens'] / r['forwards']:.2f} tokens per forward on "
-              f"{len(problems)} test problems ({r['accuracy']:.2f}% right)")
+        out, stats = decode_problems(model, task, problems, exact.replace(adaptive=adaptive),
+                                     adaptive_batch_size)
+        tokens, forwards = sum(sum(s.tokens) for s in stats), sum(sum(s.nfe) for s in stats)
+        same = sum(a == b for a, b in zip(out, ntp_out))
+        print(f"  adaptive={adaptive!s:5}: {tokens / forwards:.2f} tokens per forward on "
+              f"{len(problems)} test problems (output identical to NTP's on {same})")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     test_prompts = [task.encode_prompt(p) for p, _ in problems[:unfamiliar_prompts]]
@@ -328,11 +329,24 @@ def batch_setup(n_problems):
     return model, problems, plain, exact, task, path
 
 
+def decode_problems(model, task, problems, settings, batch_size, ntp=False):
+    """Every problem decoded in left-padded batches of batch_size, as evaluate.py decodes them
+    -> (output ids in problem order, [DecodeStats per batch])."""
+    from evaluate import LeftPadded, batches
+
+    outputs, all_stats = [None] * len(problems), []
+    for indices, prompts, n_pad, max_new in batches(task, model, problems, batch_size):
+        padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model
+        out, stats = decode(padded, prompts.to(device), settings, max_new, ntp=ntp)
+        for i, ids in zip(indices, out):
+            outputs[i] = ids
+        all_stats.append(stats)
+    return outputs, all_stats
+
+
 def bench_batch():
     """Tokens per second of NTP, plain SBD and exact SBD against batch size, measured side by side,
     and what the roofline of this CPU predicts from the forwards each decode fed (widths)."""
-    from evaluate import LeftPadded, batches
-
     model, problems, plain, exact, task, path = batch_setup(batch_problems)
     modes = {"NTP": (exact, True), "exact SBD": (exact, False)}
     if plain:
@@ -354,12 +368,8 @@ def bench_batch():
         cells, per_row = {}, {}
         for mode, (settings, ntp) in modes.items():
             tokens, seconds, forwards, predicted = 0, 0.0, 0, 0.0
-            outputs[mode, B] = [None] * len(problems)
-            for indices, prompts, n_pad, max_new in batches(task, model, problems, B):
-                padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model
-                out, stats = decode(padded, prompts.to(device), settings, max_new, ntp=ntp)
-                for i, ids in zip(indices, out):
-                    outputs[mode, B][i] = ids
+            outputs[mode, B], all_stats = decode_problems(model, task, problems, settings, B, ntp)
+            for stats in all_stats:
                 tokens, seconds = tokens + sum(stats.tokens), seconds + stats.wall_time
                 forwards += sum(stats.nfe)
                 predicted += sum(overhead + roofline.model_time(w, kv, len(stats.tokens), hw, shape)
