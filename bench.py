@@ -237,12 +237,11 @@ def unfamiliar(task, n, rng):
     return prompts
 
 
-def timed(model, prompts, settings, ntp=False):
+def timed(model, prompts, settings, max_new, ntp=False):
     """(seconds, tokens, forwards) of decoding each prompt alone (batch 1)."""
     seconds = tokens = forwards = 0
     for ids in prompts:
-        _, stats = decode(model, torch.tensor([ids], device=device), settings, max_new_tokens,
-                          ntp=ntp)
+        _, stats = decode(model, torch.tensor([ids], device=device), settings, max_new, ntp=ntp)
         seconds, tokens = seconds + stats.wall_time - stats.prefill_time, tokens + stats.tokens[0]
         forwards += stats.nfe[0]
     return seconds, tokens, forwards
@@ -278,10 +277,11 @@ def bench_adaptive():
                    test_prompts)]
     for name, m, prompts in cases:
         decode(m, torch.tensor([prompts[0]], device=device), exact, 4)  # warm-up
-        ntp_s, ntp_tokens, _ = timed(m, prompts, exact, ntp=True)
+        ntp_s, ntp_tokens, _ = timed(m, prompts, exact, task.max_new_tokens, ntp=True)
         line = f"  {name} ({len(prompts)}, batch 1): NTP {ntp_s:.2f} s"
         for adaptive in (False, True):
-            s, tokens, forwards = timed(m, prompts, exact.replace(adaptive=adaptive))
+            s, tokens, forwards = timed(m, prompts, exact.replace(adaptive=adaptive),
+                                        task.max_new_tokens)
             line += (f"; exact adaptive={adaptive}: {s:.2f} s = {ntp_s / s:.2f}x NTP's speed, "
                      f"{tokens / forwards:.2f} tok/fwd")
         print(line)
