@@ -241,7 +241,8 @@ def timed(model, prompts, settings, max_new, ntp=False):
     """(seconds, tokens, forwards) of decoding each prompt alone (batch 1)."""
     seconds = tokens = forwards = 0
     for ids in prompts:
-        _, stats = decode(model, torch.tensor([ids], device=device), settings, max_new, ntp=ntp)
+        n = min(max_new, model.max_seq_len - len(ids))  # a long unfamiliar prompt leaves less room
+        _, stats = decode(model, torch.tensor([ids], device=device), settings, n, ntp=ntp)
         seconds, tokens = seconds + stats.wall_time - stats.prefill_time, tokens + stats.tokens[0]
         forwards += stats.nfe[0]
     return seconds, tokens, forwards
