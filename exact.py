@@ -35,6 +35,7 @@ from sampling import REVEAL_RULES, filter_logits, reveal_step, sample, suppress_
 from sbd import hybrid_mask
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
+ONE_FORWARD = 1e9  # adaptive block size: a γ that reveals every masked slot (any rule) at once
 
 
 class RowCache:
@@ -292,6 +293,8 @@ def draft(rows, logits, drafting, generator):
     """The reveal rule on the rows still drafting; logits (B, W, V) of the first W block slots.
     -> revealed (B, K) bool."""
     s, W = rows.settings, logits.size(1)
+    if s.adaptive:  # the block size sets how much is drafted: every slot in one forward
+        s = s.replace(gamma=ONE_FORWARD)
     masked = rows.is_masked[:, :W] & drafting[:, None]
     revealed_all = torch.zeros_like(rows.is_masked)
     if not masked.any():

@@ -27,7 +27,7 @@ class DecodeSettings:
     gamma: float = 0.1  # threshold of the reveal rule: γ of the EB-Sampler, f of the factor rule
     rule: str = "entropy"  # a key of REVEAL_RULES
     exact: bool = False  # exact SBD (exact.py): drafts checked by NTP, the output is NTP's
-    adaptive: bool = False  # exact SBD: each row's block size follows its accepted drafts
+    adaptive: bool = False  # exact SBD: block size follows accepted drafts, drafted in 1 forward
     first_from_ntp: bool = True  # a block's slot 0 from the causal logits (False: no NTP term)
     temperature: float = 0.0  # 0: argmax (the paper's setting); > 0: sample
     top_k: int | None = None  # sample among the top_k most likely tokens only
