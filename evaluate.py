@@ -56,21 +56,21 @@ DEFAULTS = dict(small=dict(grid=GAMMA_GRID, batch_size=250, exact_val_problems=2
                            timing_problems=200),
                 benchmark=dict(grid=LLAMA_GAMMA_GRID, batch_size=64, exact_val_problems=50,
                                timing_problems=20))
-MIN_NEW_TOKENS = 16  # a prompt must leave the model one block of k=16 to answer in
+MIN_NEW_TOKENS = 16  # a prompt must leave one block of k=16 to answer in (or the task's answer)
 
 
 def skip_long_prompts(task, context):
-    """Drop the problems whose prompt leaves fewer than MIN_NEW_TOKENS of the model's context, and
-    say how many; -> {split: number skipped}. The others get max_new_tokens cut to what the context
-    leaves them (new_tokens)."""
-    skipped = {}
+    """Drop the problems whose prompt leaves fewer than MIN_NEW_TOKENS of the model's context (or
+    than the task's longest answer, if shorter), and say how many; -> {split: number skipped}. The
+    others get max_new_tokens cut to what the context leaves them (new_tokens)."""
+    skipped, room = {}, min(MIN_NEW_TOKENS, task.max_new_tokens)
     for split, problems in task.splits.items():
-        keep = [p for p in problems if len(task.encode_prompt(p[0])) + MIN_NEW_TOKENS <= context]
+        keep = [p for p in problems if len(task.encode_prompt(p[0])) + room <= context]
         skipped[split] = len(problems) - len(keep)
         if skipped[split]:
             print(f"{task.name} {split}: skipped {skipped[split]} of {len(problems)} problems "
                   f"whose prompt is longer than the model's context ({context}) "
-                  f"minus {MIN_NEW_TOKENS}")
+                  f"minus {room}")
         if not keep:
             raise ConfigError(f"{task.name}: no {split} problem fits the model's context of "
                               f"{context}")
