@@ -278,7 +278,7 @@ def bench_adaptive():
                    test_prompts)]
     for name, m, prompts in cases:
         decode(m, torch.tensor([prompts[0]], device=device), exact, 4)  # warm-up
-        ntp_s, ntp_tokens, _ = timed(m, prompts, exact, task.max_new_tokens, ntp=True)
+        ntp_s, _, _ = timed(m, prompts, exact, task.max_new_tokens, ntp=True)
         line = f"  {name} ({len(prompts)}, batch 1): NTP {ntp_s:.2f} s"
         for adaptive in (False, True):
             s, tokens, forwards = timed(m, prompts, exact.replace(adaptive=adaptive),
@@ -331,14 +331,12 @@ def batch_setup(n_problems):
 
 
 def decode_problems(model, task, problems, settings, batch_size, ntp=False):
-    """Every problem decoded in left-padded batches of batch_size, as evaluate.py decodes them
-    -> (output ids in problem order, [DecodeStats per batch])."""
-    from evaluate import LeftPadded, batches
+    """Every problem decoded as evaluate.py decodes them -> (output ids in problem order,
+    [DecodeStats per batch])."""
+    from evaluate import decode_batches
 
     outputs, all_stats = [None] * len(problems), []
-    for indices, prompts, n_pad, max_new in batches(task, model, problems, batch_size):
-        padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model
-        out, stats = decode(padded, prompts.to(device), settings, max_new, ntp=ntp)
+    for indices, out, stats in decode_batches(model, task, problems, settings, batch_size, ntp):
         for i, ids in zip(indices, out):
             outputs[i] = ids
         all_stats.append(stats)

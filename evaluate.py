@@ -139,15 +139,22 @@ def batches(task, model, problems, batch_size):
 
 
 @torch.no_grad()
-def solve(model, task, problems, settings, ntp=False, batch_size=250):
-    """Decode and grade every problem -> dict(accuracy %, forwards, tokens, rejected, seconds,
-    completions). settings: how to decode (settings.decode; ntp=True: NTP decoding)."""
+def decode_batches(model, task, problems, settings, batch_size, ntp=False):
+    """Decode the problems in left-padded batches of batch_size -> yields (indices of the batch's
+    problems, their output ids, the batch's DecodeStats)."""
     device = next(model.parameters()).device
-    completions, forwards, tokens, rejected, n_done = [None] * len(problems), 0, 0, 0, 0
-    t0 = last_print = time.perf_counter()
     for indices, prompts, n_pad, max_new_tokens in batches(task, model, problems, batch_size):
         padded = LeftPadded(model, n_pad.to(device)) if n_pad.any() else model
         out, stats = decode(padded, prompts.to(device), settings, max_new_tokens, ntp=ntp)
+        yield indices, out, stats
+
+
+def solve(model, task, problems, settings, ntp=False, batch_size=250):
+    """Decode and grade every problem -> dict(accuracy %, forwards, tokens, rejected, seconds,
+    completions). settings: how to decode (settings.decode; ntp=True: NTP decoding)."""
+    completions, forwards, tokens, rejected, n_done = [None] * len(problems), 0, 0, 0, 0
+    t0 = last_print = time.perf_counter()
+    for indices, out, stats in decode_batches(model, task, problems, settings, batch_size, ntp):
         for i, ids in zip(indices, out):
             completions[i] = task.decode(ids)
         forwards, tokens = forwards + sum(stats.nfe), tokens + sum(stats.tokens)

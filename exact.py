@@ -200,6 +200,8 @@ class Rows:
 
     def __init__(self, prompt, settings, max_new_tokens):
         B, K, device = prompt.size(0), settings.k, prompt.device
+        if settings.adaptive:  # the block size sets how much is drafted: every slot in one forward
+            settings = settings.replace(gamma=ONE_FORWARD)
         self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
         self.out = [[] for _ in range(B)]  # checked tokens
         self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
@@ -293,8 +295,6 @@ def draft(rows, logits, drafting, generator):
     """The reveal rule on the rows still drafting; logits (B, W, V) of the first W block slots.
     -> revealed (B, K) bool."""
     s, W = rows.settings, logits.size(1)
-    if s.adaptive:  # the block size sets how much is drafted: every slot in one forward
-        s = s.replace(gamma=ONE_FORWARD)
     masked = rows.is_masked[:, :W] & drafting[:, None]
     revealed_all = torch.zeros_like(rows.is_masked)
     if not masked.any():
