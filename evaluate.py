@@ -34,11 +34,12 @@ import time
 import torch
 
 from configurator import ConfigError, configure, pick_device
+from exact import decode
 from generate import format_steps
 from model import causal_mask, dense_mask, load_checkpoint
-from pretrained import load_baseline, load_models, load_run, pretrained_path
-from settings import decode, settings_for, write_calibration
-from task import CharTask, task_of_checkpoint
+from pretrained.loading import load_baseline, load_models, load_run, pretrained_path
+from sampling import settings_for, write_calibration
+from tasks import CharTask, task_of_checkpoint
 
 # below 3e-4: ~1 token/forward. Dense at the low end, where a well-trained model's tokens per
 # forward climb steeply and γ_low usually lies

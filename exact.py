@@ -29,7 +29,17 @@ import time
 import torch
 from torch.nn import functional as F
 
-from generate import Check, DecodeStats, Step, check_mask_id, check_prompt, new_cache, prefill
+from generate import (
+    Check,
+    DecodeStats,
+    Step,
+    check_mask_id,
+    check_prompt,
+    new_cache,
+    ntp_generate,
+    prefill,
+    sbd_generate,
+)
 from model import dense_mask
 from sampling import REVEAL_RULES, filter_logits, reveal_step, sample, suppress_mask
 from sbd import hybrid_mask
@@ -407,3 +417,12 @@ def step_record(rows, revealed, checks, rejected, active):
         tokens.append(rows.block[b, :kb].cpu().clone())
         shown.append(revealed[b, :kb].cpu())
     return Step(list(rows.block_start), tokens, shown, checks)
+
+
+def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None,
+           record_steps=False):
+    """Decode a batch of prompts as the settings say -> (token lists, DecodeStats): NTP decoding
+    with ntp=True (the baseline: the settings' stop and mask tokens and sampling), else exact SBD
+    if settings.exact, else plain SBD. sample.py, evaluate.py and the benchmarks decode here."""
+    run = ntp_generate if ntp else exact_generate if settings.exact else sbd_generate
+    return run(model, prompt, settings, max_new_tokens, generator, record_steps)

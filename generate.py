@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from model import dense_mask
-from sampling import next_token, pick_tokens, reveal_step, suppress_mask
+from sampling import next_token, reveal_step
 from sbd import hybrid_mask
 
 # -----------------------------------------------------------------------------
@@ -144,27 +144,28 @@ def finish(out, stop, nfe, widths, prefill_info, t0, steps=None):
 
 
 @torch.inference_mode()
-def ntp_generate(model, prompt, max_new_tokens, stop_ids=(), temperature=0.0, top_k=None,
-                 generator=None, mask_id=None, top_p=None):
+def ntp_generate(model, prompt, settings, max_new_tokens, generator=None, record_steps=False):
     """Plain next-token decoding through the KV cache: one forward per generated token.
 
     prompt (B, T0), rows of equal length. After the prefill, each forward feeds the pending tokens
-    (B, 1) and yields the next ones, so NFE = tokens generated. A row is done at its first stop
-    token; the batch stops when every row is done or after max_new_tokens. mask_id (optional) is
-    never emitted. Returns (tokens, stats): tokens[b] = row b's new ids up to its first stop token.
+    (B, 1) and yields the next ones, so NFE = tokens generated. From the settings NTP uses the stop
+    tokens, the mask token (never emitted; None: no mask token) and the sampling (temperature,
+    top_k, top_p); k, γ and the rule are SBD's. A row is done at its first stop token; the batch
+    stops when every row is done or after max_new_tokens. record_steps is accepted for a common
+    signature and records nothing. Returns (tokens, stats): tokens[b] = row b's new ids up to its
+    first stop token.
     """
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
     B = prompt.size(0)
     cache = new_cache(model, prompt, max_new_tokens)
     pending, prefill_info = prefill(model, prompt, cache)
-    stop = torch.tensor(list(stop_ids), dtype=torch.long, device=prompt.device)
+    stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
     out, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), 0 * pending[:, 0]
     while len(out) < max_new_tokens and not done.all():
         logits, _ = model(pending, cache=cache)  # (B, 1, V)
         nfe += ~done  # a row's count stops at its stop token
-        logits = suppress_mask(logits, mask_id)
-        pending = pick_tokens(logits, temperature, top_k, generator, top_p)  # (B, 1)
+        pending = next_token(logits[:, -1], settings, generator)[:, None]  # (B, 1)
         out.append(pending)
         done |= torch.isin(pending[:, 0], stop)
     out = torch.cat(out, dim=1) if out else prompt[:, :0]

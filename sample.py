@@ -21,12 +21,12 @@ import sys
 import torch
 
 from configurator import ConfigError, configure, pick_device, resolve_dtype
+from exact import decode
 from generate import format_steps
 from model import load_checkpoint
-from pretrained import load_pretrained, tokenizer_of
-from sampling import DecodeSettings
-from settings import decode, read_calibration, settings_for
-from task import chat_prompt, task_of_checkpoint
+from pretrained.loading import load_pretrained, tokenizer_of
+from sampling import DecodeSettings, read_calibration, settings_for
+from tasks import chat_prompt, task_of_checkpoint
 
 # -----------------------------------------------------------------------------
 out_dir = "out-sbd-small"  # where train.py wrote ckpt_sbd.pt and ckpt_ntp.pt

@@ -38,7 +38,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
 from configurator import ConfigError, configure, pick_device, resolve_dtype
-from load_llama import init_mask_embedding
 from model import (
     GPT,
     IGNORE_INDEX,
@@ -48,8 +47,9 @@ from model import (
     configure_optimizer,
     save_checkpoint,
 )
-from pretrained import load_pretrained, pretrained_path, tokenizer_of
-from task import CharTask, JsonlTask, check_same_data
+from pretrained.load_llama import init_mask_embedding
+from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
+from tasks import CharTask, JsonlTask, check_same_data
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo

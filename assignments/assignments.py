@@ -118,8 +118,8 @@ ASSIGNMENTS = [
         number=6, title="Llama internals: RoPE, GQA, HF's q/k permutation", kind="implementation",
         points=15, builds_on=[1, 2, 3, 4, 5], writeup="06_llama.md",
         functions=["model.py:rope_frequencies", "model.py:apply_rotary",
-                   "model.py:LlamaAttention.forward", "load_llama.py:hf_permute",
-                   "load_llama.py:hf_unpermute"],
+                   "model.py:LlamaAttention.forward", "pretrained/load_llama.py:hf_permute",
+                   "pretrained/load_llama.py:hf_unpermute"],
         tests=[
             "tests/test_assignment_6.py::test_llama31_rope_frequencies",
             "tests/test_assignment_6.py::test_rope_without_scaling",

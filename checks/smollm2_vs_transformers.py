@@ -47,7 +47,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from transformers.utils import logging  # noqa: E402
 
-from load_gguf import find_smollm2, load_gguf  # noqa: E402
+from pretrained.load_gguf import find_smollm2, load_gguf  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n    if n < 2:\n        return n\n",
            "Über 1234 Äpfel, 😀 and 東京 in 2024:  \n\n"]

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from load_llama import hf_permute, hf_unpermute
 from model import LLAMA_PRESETS, LlamaConfig, apply_rotary, rope_frequencies, rotary_cos_sin
+from pretrained.load_llama import hf_permute, hf_unpermute
 from test_model import meta_rotary
 
 RTOL = 1e-5

@@ -546,9 +546,9 @@ def shape_example(name):
             dict(self=llama.layers[0].attention, x=torch.randn(2, 6, llama_config.dim), cos=cos,
                  sin=sin, layer=0, mask=None, cache=None, n_commit=6),
             dict(head_dim=llama_config.head_dim)),
-        "load_llama.py:hf_permute": lambda: (dict(w=torch.randn(16, 12), n_heads=2),
+        "pretrained/load_llama.py:hf_permute": lambda: (dict(w=torch.randn(16, 12), n_heads=2),
                                              dict(head_dim=8)),
-        "load_llama.py:hf_unpermute": lambda: (dict(w=torch.randn(16, 12), n_heads=2),
+        "pretrained/load_llama.py:hf_unpermute": lambda: (dict(w=torch.randn(16, 12), n_heads=2),
                                                dict(head_dim=8)),
     }[name]()
 

@@ -17,7 +17,7 @@ import torch
 import evaluate
 from model import LLAMA_PRESETS, Llama, LlamaConfig, save_checkpoint
 from sampling import DecodeSettings
-from task import BenchmarkTask, final_answer
+from tasks import BenchmarkTask, final_answer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASK, EOT = 258, 265  # <|reserved_special_token_0|>, <|eot_id|> after 256 byte ranks

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-import task as task_module
-from task import CharTask, check_same_data
+import tasks.files as task_module
+from tasks import CharTask, check_same_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("prepare",

@@ -21,7 +21,7 @@ import exact
 import generate
 import model as model_lib
 import sampling
-import settings as settings_lib
+import sampling as settings_lib
 import tiny_models
 from model import dense_mask
 from sbd import hybrid_mask
@@ -138,7 +138,7 @@ def forwards_of_row(stats, b):
 def test_cached_ntp_equals_uncached(family, B):
     m = random_model(family)
     prompts = random_prompts(m, B, 5)
-    tokens, stats = generate.ntp_generate(m, prompts, 20)
+    tokens, stats = tiny_models.ntp(m, prompts, 20)
     for b in range(B):
         assert tokens[b] == reference_ntp(m, prompts[b].tolist(), 20)
     assert stats.nfe == [20] * B and stats.tokens == [20] * B and stats.prefill_forwards == 1
@@ -216,7 +216,7 @@ def test_one_token_prompt_has_no_prefill():
     tokens, stats = generate.sbd_generate(m, prompt, decode_settings(m, k=4, gamma=2.0), 9)
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 4, 2.0, "entropy", 9)[0]
     assert stats.prefill_forwards == 0 and stats.tokens == [9]
-    assert generate.ntp_generate(m, prompt, 5)[1].prefill_forwards == 0
+    assert tiny_models.ntp(m, prompt, 5)[1].prefill_forwards == 0
 
 
 class CommitsEverything(torch.nn.Module):
@@ -262,9 +262,9 @@ def test_batch_equals_each_row_alone(family):
         alone, alone_stats = generate.sbd_generate(m, prompts[b:b + 1], settings, 24)
         assert tokens[b] == alone[0] and stats.nfe[b] == alone_stats.nfe[0], (
             f"row {b}: in a batch a row gets the tokens and forward count it gets alone")
-    ntp_tokens, ntp_stats = generate.ntp_generate(m, prompts, 24, stop_ids=stop)
+    ntp_tokens, ntp_stats = tiny_models.ntp(m, prompts, 24, stop_ids=stop)
     for b in range(4):
-        alone, alone_stats = generate.ntp_generate(m, prompts[b:b + 1], 24, stop_ids=stop)
+        alone, alone_stats = tiny_models.ntp(m, prompts[b:b + 1], 24, stop_ids=stop)
         assert ntp_tokens[b] == alone[0] and ntp_stats.nfe[b] == alone_stats.nfe[0]
 
 
@@ -307,9 +307,9 @@ def test_row_stops_without_waiting_for_the_rest_of_its_block():
 def test_ntp_stop_tokens():
     m = random_model("llama-tiny", seed=3)
     prompts = random_prompts(m, 3, 4, seed=3)
-    plain, _ = generate.ntp_generate(m, prompts, 25)
+    plain, _ = tiny_models.ntp(m, prompts, 25)
     stop = plain[2][7]
-    tokens, stats = generate.ntp_generate(m, prompts, 25, stop_ids=[stop])
+    tokens, stats = tiny_models.ntp(m, prompts, 25, stop_ids=[stop])
     for b in range(3):
         expected = plain[b][:plain[b].index(stop) + 1] if stop in plain[b] else plain[b]
         assert tokens[b] == expected == reference_ntp(m, prompts[b].tolist(), 25, [stop])
@@ -341,7 +341,7 @@ def test_mask_token_never_in_output(family, temperature):
     g = torch.Generator().manual_seed(0)
     settings = decode_settings(m, k=4, gamma=1.0, temperature=temperature, top_k=5)
     tokens, _ = generate.sbd_generate(m, prompts, settings, 12, generator=g)
-    ntp_tokens, _ = generate.ntp_generate(m, prompts, 12, temperature=temperature, generator=g,
+    ntp_tokens, _ = tiny_models.ntp(m, prompts, 12, temperature=temperature, generator=g,
                                           mask_id=mask_id)
     for row in tokens + ntp_tokens:
         assert mask_id not in row, "the mask token is an input only, never emitted"
@@ -367,7 +367,7 @@ def test_decoding_may_fill_the_whole_context():
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 16, 1.5, "entropy", 59)[0], (
         "prompt + max_new_tokens fill the context: the cache holds exactly that, the last block "
         "is cut to fit")
-    assert len(tokens[0]) == 59 and len(generate.ntp_generate(m, prompt, 59)[0][0]) == 59
+    assert len(tokens[0]) == 59 and len(tiny_models.ntp(m, prompt, 59)[0][0]) == 59
 
 
 def test_stats_add_up():
@@ -415,9 +415,9 @@ def test_sbd_errors(kwargs, message, decoder):
 def test_ntp_errors():
     m = random_model("gpt-tiny")
     with pytest.raises(ValueError, match="context"):
-        generate.ntp_generate(m, random_prompts(m, 1, 5), 60)
+        tiny_models.ntp(m, random_prompts(m, 1, 5), 60)
     with pytest.raises(ValueError, match="empty"):
-        generate.ntp_generate(m, [[]], 4)
+        tiny_models.ntp(m, [[]], 4)
 
 # -----------------------------------------------------------------------------
 # sample.py on tiny checkpoints in the train.py format
@@ -496,7 +496,7 @@ def test_bench_script_runs():
     for args in (["--what=kvcache", "--new_tokens=20"],
                  ["--what=sbd", "--out_dir=/nonexistent", "--max_new_tokens=32", "--num_prompts=2",
                   "--timing_repeats=2"]):
-        done = subprocess.run([sys.executable, "bench.py", *args, *tiny], cwd=root,
+        done = subprocess.run([sys.executable, "-m", "bench", *args, *tiny], cwd=root,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "speed-up" in done.stdout or "wall clock vs NTP" in done.stdout

@@ -20,11 +20,11 @@ CASES = [
     (["sample.py", "--device=mps:1"], "not available"),
     (["evaluate.py", "--out_dir=/nonexistent"], "no checkpoint at /nonexistent"),
     (["evaluate.py", "--low_target=x"], "must be float"),
-    (["bench.py", "--what=bogus"], "what must be one of"),
-    (["bench.py", "--what=sbd", "--out_dir=/nonexistent", "--gamma=-1", "--n_layer=1",
+    (["-m", "bench", "--what=bogus"], "what must be one of"),
+    (["-m", "bench", "--what=sbd", "--out_dir=/nonexistent", "--gamma=-1", "--n_layer=1",
       "--n_embd=32", "--n_head=2"], "gamma must be >= 0"),
-    (["roofline.py", "--hardware=abacus"], "hardware must be one of"),
-    (["bench_gpu.py", "--device=cuda:7"], "not available"),
+    (["-m", "bench.roofline", "--hardware=abacus"], "hardware must be one of"),
+    (["-m", "bench.gpu", "--device=cuda:7"], "not available"),
     (["assignments/grade.py", "--assignments", "99"], "no assignment"),
 ]
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 import evaluate
-import seeds
+import report.seeds as seeds
 
 
 def sweep(*points):

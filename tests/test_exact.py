@@ -53,7 +53,7 @@ def test_exact_equals_greedy_ntp(family, k):
         for p in range(3):
             prompt, stop = prompt_and_stop(m, p)
             for stop_ids in ([], [stop]):
-                ntp, _ = generate.ntp_generate(m, prompt, 24, stop_ids, mask_id=mask_id_of(m))
+                ntp, _ = tiny_models.ntp(m, prompt, 24, stop_ids, mask_id=mask_id_of(m))
                 for gamma in (0.0, 0.1, 1e9):
                     settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma,
                                                        stop_ids=stop_ids, exact=True)
@@ -129,7 +129,7 @@ def test_a_wrong_draft_is_caught_and_corrected_where_it_is(family, wrong):
     m = random_model(family)
     prompt, _ = prompt_and_stop(m, 0)
     T0, n = prompt.size(1), 30
-    ntp, _ = generate.ntp_generate(m, prompt, n, mask_id=mask_id_of(m))
+    ntp, _ = tiny_models.ntp(m, prompt, n, mask_id=mask_id_of(m))
     script = prompt[0].tolist() + ntp[0] + [0] * 8
     scripted = ScriptedDrafts(m, script, wrong_at=T0 + wrong)
     settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True)
@@ -172,7 +172,7 @@ def test_cache_after_exact_decoding_equals_ntp_cache(family, monkeypatch):
 
     monkeypatch.setattr(m, "new_cache", keep)
     monkeypatch.setattr(exact, "RowCache", keep_rows)
-    ntp, _ = generate.ntp_generate(m, prompt, 24, mask_id=mask_id_of(m))
+    ntp, _ = tiny_models.ntp(m, prompt, 24, mask_id=mask_id_of(m))
     settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=0.5, exact=True)
     out, stats = exact.exact_generate(m, prompt, settings, 24)
     assert out == ntp and stats.rejected[0] > 0  # rejections happened, so the cache was cut back
@@ -190,7 +190,7 @@ def test_max_new_tokens_and_stop_as_plain_mode():
         settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, exact=True)
         out, stats = exact.exact_generate(m, prompt, settings, n)
         assert len(out[0]) == n == stats.tokens[0]
-    ntp, _ = generate.ntp_generate(m, prompt, 40, [stop], mask_id=mask_id_of(m))
+    ntp, _ = tiny_models.ntp(m, prompt, 40, [stop], mask_id=mask_id_of(m))
     settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=16, gamma=1e9, stop_ids=[stop],
                                        exact=True)
     out, _ = exact.exact_generate(m, prompt, settings, 40)

@@ -15,7 +15,6 @@ import torch
 from torch.nn import functional as F
 
 import exact
-import generate
 import model as model_lib
 import sampling
 import tiny_models
@@ -52,7 +51,7 @@ def test_batch_rows_equal_ntp_of_each_row_alone(family, k, gamma, adaptive):
                               adaptive=adaptive)
     out, stats = exact.exact_generate(m, prompts, settings, 30)
     for b in range(6):
-        alone, _ = generate.ntp_generate(m, prompts[b:b + 1], 30, [stop], mask_id=mask_id_of(m))
+        alone, _ = tiny_models.ntp(m, prompts[b:b + 1], 30, [stop], mask_id=mask_id_of(m))
         assert out[b] == alone[0], f"row {b}"
         one, one_stats = exact.exact_generate(m, prompts[b:b + 1], settings, 30)
         assert one == [out[b]]
@@ -66,11 +65,11 @@ def test_rows_that_end_early_leave_the_batch_alone():
     """One row stops at once (its first token is the stop token), the others decode to the end."""
     m = random_model("gpt-tiny")
     prompts, _ = prompts_and_stop(m, 4, seed=3)
-    first, _ = generate.ntp_generate(m, prompts[:1], 1)
+    first, _ = tiny_models.ntp(m, prompts[:1], 1)
     stop = first[0][0]
     settings = DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, stop_ids=[stop], exact=True)
     out, stats = exact.exact_generate(m, prompts, settings, 20)
-    ntp, _ = generate.ntp_generate(m, prompts, 20, [stop], mask_id=mask_id_of(m))
+    ntp, _ = tiny_models.ntp(m, prompts, 20, [stop], mask_id=mask_id_of(m))
     assert out == ntp and out[0] == [stop] and stats.nfe[0] == 1
 
 
@@ -244,7 +243,7 @@ def test_adaptive_exact_never_costs_much_more_than_ntp(family, gamma):
         settings = DecodeSettings(mask_id=mask_id_of(m), k=K, gamma=gamma, exact=True,
                                   adaptive=True)
         out, stats = exact.exact_generate(m, prompts, settings, 48)
-        ntp, ntp_stats = generate.ntp_generate(m, prompts, 48, mask_id=mask_id_of(m))
+        ntp, ntp_stats = tiny_models.ntp(m, prompts, 48, mask_id=mask_id_of(m))
         assert out == ntp
         for b in range(4):
             assert stats.nfe[b] <= ntp_stats.nfe[b] + K, f"seed {seed} row {b}"

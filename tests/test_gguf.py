@@ -13,9 +13,9 @@ import pytest
 import torch
 from test_gguf_tokenizer import TOKENS, tiny_tokenizer_metadata
 
-from load_gguf import find_smollm2, load_gguf
-from load_llama import load_llama, write_safetensors
 from model import Llama, LlamaConfig
+from pretrained.load_gguf import find_smollm2, load_gguf
+from pretrained.load_llama import load_llama, write_safetensors
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType

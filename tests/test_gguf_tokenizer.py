@@ -8,7 +8,7 @@ import unicodedata
 
 import pytest
 
-from tokenizer import (
+from pretrained.tokenizer import (
     CHATML_HEAD,
     CHATML_SYSTEM_CLOSE,
     CHATML_SYSTEM_OPEN,
@@ -235,7 +235,7 @@ def test_bad_vocabularies():
 def test_read_from_a_gguf_file(tmp_path):
     """The same tokenizer written with gguf.GGUFWriter and read back by load_gguf_tokenizer."""
     gguf = pytest.importorskip("gguf")
-    from load_gguf import load_gguf_tokenizer
+    from pretrained.load_gguf import load_gguf_tokenizer
     path = tmp_path / "tok.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
     for key, value in tiny_tokenizer_metadata().items():

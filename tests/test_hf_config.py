@@ -10,7 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from load_llama import (
+from model import LLAMA_PRESETS, Llama, LlamaConfig
+from pretrained.load_llama import (
     HF_CHECKED,
     HF_CONFIG,
     HF_NEUTRAL,
@@ -18,7 +19,6 @@ from load_llama import (
     load_hf_checkpoint,
     load_llama,
 )
-from model import LLAMA_PRESETS, Llama, LlamaConfig
 from test_llama_io import (
     assert_same_model,
     expect_error,

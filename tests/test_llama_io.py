@@ -14,17 +14,6 @@ import struct
 import pytest
 import torch
 
-from load_llama import (
-    config_from_hf,
-    hf_permute,
-    hf_unpermute,
-    init_mask_embedding,
-    load_hf_checkpoint,
-    load_llama,
-    load_meta_checkpoint,
-    read_safetensors,
-    write_safetensors,
-)
 from model import (
     LLAMA_PRESETS,
     Llama,
@@ -34,6 +23,17 @@ from model import (
     rope_frequencies,
     rotary_cos_sin,
     save_checkpoint,
+)
+from pretrained.load_llama import (
+    config_from_hf,
+    hf_permute,
+    hf_unpermute,
+    init_mask_embedding,
+    load_hf_checkpoint,
+    load_llama,
+    load_meta_checkpoint,
+    read_safetensors,
+    write_safetensors,
 )
 
 # llama-tiny's params.json, written out by hand. Meta's params.json has no field for the rope's

@@ -20,9 +20,10 @@ from torch.nn.attention.flex_attention import BlockMask
 import generate
 import sampling
 import sbd
-from load_llama import config_from_hf, write_safetensors
+import tiny_models
 from model import IGNORE_INDEX, LLAMA_PRESETS, Llama, LlamaConfig, load_checkpoint, rope_frequencies
-from task import JsonlTask
+from pretrained.load_llama import config_from_hf, write_safetensors
+from tasks import JsonlTask
 from test_llama_io import tiny_config_json, to_hf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -259,7 +260,7 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     out, _ = generate.sbd_generate(model, [prompt], settings, 12,
                                    generator=torch.Generator().manual_seed(0))
     assert MASK not in out[0]
-    out, _ = generate.ntp_generate(model, [prompt], 12, mask_id=MASK)
+    out, _ = tiny_models.ntp(model, [prompt], 12, mask_id=MASK)
     assert MASK not in out[0]
 
 
@@ -314,7 +315,7 @@ def test_train_py_rejects_mismatched_settings(files):
 
 
 def test_bench_gpu_tiny_preset_on_cpu():
-    log = run("bench_gpu.py", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64, 128)",
+    log = run("-m", "bench.gpu", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64, 128)",
               "--ks=(1, 2, 16, 32)", "--reps=2", "--warmup=1", "--bandwidth=50")
     for kv in (64, 128):
         assert f"KV {kv}: NTP decode" in log

@@ -18,6 +18,9 @@ DOCUMENT = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
 # what a student reads for the method, and the budget that keeps each readable in one sitting
 LINE_BUDGET = {"sbd.py": 450, "generate.py": 450, "exact.py": 450, "sampling.py": 450,
                "train.py": 450, "sample.py": 450, "model.py": 619}
+MAX_ROOT_FILES = 9  # the root holds what a student reads for the method; support code has folders
+MAX_FILE_LINES = 700  # any other .py file
+OTHER_BUDGETS = {"data/wordproblems/prepare.py": 850}  # templates and word lists, not logic
 
 
 def tracked_files():
@@ -57,21 +60,33 @@ def test_the_document_check_finds_a_missing_one(tmp_path):
     assert found == [(f"docs/method{md}:1", f"NOTES{md}"), ("a.py:1", f"FINDINGS{md}")]
 
 
+def python_files():
+    """The repository's .py files, as paths relative to its root (tests and the course included)."""
+    return sorted(f for f in tracked_files() if f.endswith(".py"))
+
+
+def module_name(path):
+    """'pretrained/load_llama.py' -> 'pretrained.load_llama'; a package's __init__.py: its name."""
+    return path[:-3].replace("/", ".").removesuffix(".__init__")
+
+
 def project_imports():
-    """{module: the project modules it imports} for the top-level .py files (imports anywhere in
-    the file count, function-level ones included)."""
-    modules = {f[:-3] for f in os.listdir(ROOT) if f.endswith(".py")}
+    """{module: the project modules it imports} for every .py file of the repository, in any folder
+    (imports anywhere in the file count, function-level ones included). A module is named by its
+    path ('bench.roofline'); importing a package's module counts as importing that module."""
+    modules = {module_name(f): f for f in python_files()}
     graph = {}
-    for module in modules:
-        with open(os.path.join(ROOT, f"{module}.py"), encoding="utf-8") as f:
+    for module, path in modules.items():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             tree = ast.parse(f.read())
         imported = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                imported |= {alias.name.split(".")[0] for alias in node.names}
+                imported |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                imported.add(node.module.split(".")[0])
-        graph[module] = sorted(imported & modules - {module})
+                imported.add(node.module)
+                imported |= {f"{node.module}.{alias.name}" for alias in node.names}
+        graph[module] = sorted(imported & set(modules) - {module})
     return graph
 
 
@@ -109,6 +124,19 @@ def test_method_files_fit_in_one_sitting(name, budget):
     with open(os.path.join(ROOT, name), encoding="utf-8") as f:
         n = sum(1 for _ in f)
     assert n <= budget, f"{name} has {n} lines, over its budget of {budget}: split it"
+
+
+def test_the_root_holds_only_the_method_files():
+    root = [f for f in python_files() if "/" not in f]
+    assert len(root) <= MAX_ROOT_FILES, f"{len(root)} .py files at the root: {root}"
+
+
+def test_every_file_has_a_line_budget():
+    for path in python_files():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        budget = LINE_BUDGET.get(path, OTHER_BUDGETS.get(path, MAX_FILE_LINES))
+        assert n <= budget, f"{path} has {n} lines, over its budget of {budget}: split it"
 
 
 def test_readme_is_short():

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-import roofline
-from roofline import HARDWARE, LLAMA31_8B, paper_time
+import bench.roofline as roofline
+from bench.roofline import HARDWARE, LLAMA31_8B, paper_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 H100_FP8 = HARDWARE["h100_fp8"]
@@ -130,7 +130,7 @@ def test_resolve_hardware():
 
 
 def test_roofline_script():
-    log = run("roofline.py", "--batch_sizes=(1, 16)", "--kv_lengths=(16, 1024)")
+    log = run("-m", "bench.roofline", "--batch_sizes=(1, 16)", "--kv_lengths=(16, 1024)")
     assert "batch 16: time(k) / time(1)" in log
     assert "  16 |  1.000  1.004  1.012  1.027  1.058  1.899  3.799 |" in log
     assert "NFE 4: 3.982 ->" in log
@@ -138,7 +138,7 @@ def test_roofline_script():
 
 def test_bench_roofline_mode_runs():
     """The CPU mode in a tiny setting (smoke: what it prints, not how fast this machine is)."""
-    log = run("bench.py", "--what=roofline", "--roofline_ks=(1, 2, 16)", "--roofline_rounds=1",
+    log = run("-m", "bench", "--what=roofline", "--roofline_ks=(1, 2, 16)", "--roofline_rounds=1",
               "--roofline_reps=1", "--peak_gflops=50", "--bandwidth_gbs=20", "--n_layer=2",
               "--n_head=2", "--n_embd=64")
     assert log.count("fitted overhead") == 2 and log.count("t(16)/t(1): measured") == 2
@@ -146,7 +146,7 @@ def test_bench_roofline_mode_runs():
 
 
 def test_bench_gpu_prints_the_roofline():
-    log = run("bench_gpu.py", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64,)",
+    log = run("-m", "bench.gpu", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64,)",
               "--ks=(1, 16, 32)", "--reps=1", "--warmup=0", "--roofline_hardware=h100_bf16")
     assert "roofline (h100_bf16)" in log and "KV 64: the roofline's 1-token forward" in log
     assert "this roofline" in log

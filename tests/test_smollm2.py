@@ -68,7 +68,7 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
     for what, expect in (("adaptive", "tokens per forward on 2 test problems"),
                          ("batch", "exact SBD at batch 2: output identical to NTP")):
         bench = subprocess.run(
-            [sys.executable, "bench.py", f"--what={what}", f"--out_dir={out}", "--threads=1",
+            [sys.executable, "-m", "bench", f"--what={what}", f"--out_dir={out}", "--threads=1",
              "--adaptive_problems=2", "--adaptive_batch_size=2", "--unfamiliar_prompts=1",
              "--batch_problems=2", "--batch_sizes=(1,2)", "--max_new_tokens=12"],
             cwd=ROOT, capture_output=True, text=True, timeout=300)

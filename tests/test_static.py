@@ -7,7 +7,7 @@ import torch
 
 import generate
 import tiny_models
-from static import StaticCache, forward_fn, static_ntp_generate, step_inputs
+from bench.static import StaticCache, forward_fn, static_ntp_generate, step_inputs
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -18,7 +18,7 @@ def test_static_ntp_equals_dynamic(family, B, T0):
     m = tiny_models.random_model(family, std=0.5, dtype=torch.float64)
     g = torch.Generator().manual_seed(T0)
     prompt = torch.randint(0, m.config.vocab_size - 1, (B, T0), generator=g)
-    dynamic, _ = generate.ntp_generate(m, prompt, 20, mask_id=m.config.vocab_size - 1)
+    dynamic, _ = tiny_models.ntp(m, prompt, 20, mask_id=m.config.vocab_size - 1)
     assert static_ntp_generate(m, prompt, 20, mask_id=m.config.vocab_size - 1) == dynamic
 
 

@@ -5,7 +5,7 @@ import base64
 
 import pytest
 
-from tokenizer import CharTokenizer, Llama3Tokenizer
+from pretrained.tokenizer import CharTokenizer, Llama3Tokenizer
 
 MERGES = [b"o ", b"\n\n", b"he", b"ll", b"hell", b"hello", b"12", b"123", b"45", b"us", b"er",
           b"user"]

@@ -19,7 +19,7 @@ import generate
 import model as model_lib
 import sbd
 from model import IGNORE_INDEX
-from task import CharTask
+from tasks import CharTask
 from tiny_models import random_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from task import final_answer, read_benchmark
+from tasks import final_answer, read_benchmark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREPARE = os.path.join(ROOT, "data", "wordproblems", "prepare.py")

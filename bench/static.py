@@ -14,7 +14,8 @@ CPU (where compiling buys little); bench_gpu.py --static=True times it on a GPU.
 
 import torch
 
-from generate import check_prompt, pick_tokens, suppress_mask
+from generate import check_prompt
+from sampling import pick_tokens, suppress_mask
 from sbd import hybrid_mask
 
 

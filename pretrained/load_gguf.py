@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from configurator import ConfigError
-from load_llama import assign_weights, check_state_dict
 from model import Llama, LlamaConfig, rope_frequencies
-from tokenizer import GGUFTokenizer
+from pretrained.load_llama import assign_weights, check_state_dict
+from pretrained.tokenizer import GGUFTokenizer
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_GGUF = "reading GGUF files needs the gguf package: pip install gguf"

@@ -45,12 +45,12 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import bench.roofline as roofline
 import generate
-import roofline
+from bench.static import StaticCache, forward_fn, step_inputs
 from configurator import ConfigError, configure, pick_device
 from model import LLAMA_PRESETS, Llama, LlamaConfig, dense_mask
 from sbd import hybrid_mask
-from static import StaticCache, forward_fn, step_inputs
 
 # -----------------------------------------------------------------------------
 preset = "llama3.1-8b"  # a key of model.LLAMA_PRESETS ('llama-tiny' for a CPU smoke test)

@@ -39,14 +39,14 @@ import time
 
 import torch
 
-import roofline
+import bench.roofline as roofline
 from configurator import ConfigError, configure, resolve_dtype
+from exact import decode
 from generate import ntp_generate
 from model import build_model, dense_mask, load_checkpoint
-from sampling import DecodeSettings
+from sampling import DecodeSettings, read_calibration, settings_for
 from sbd import hybrid_mask
-from settings import decode, read_calibration, settings_for
-from task import task_of_checkpoint
+from tasks import task_of_checkpoint
 
 # -----------------------------------------------------------------------------
 what = "sbd"  # 'kvcache', 'sbd', 'roofline', 'batch' or 'adaptive'
@@ -105,8 +105,9 @@ def bench_kvcache():
     model = build_model("gpt", n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
                         vocab_size=vocab_size).to(device).eval()
     prompt = torch.randint(0, vocab_size, (1, prompt_len), device=device)
-    ntp_generate(model, prompt, 8)  # warm-up
-    cached, stats = ntp_generate(model, prompt, new_tokens)
+    greedy = DecodeSettings(mask_id=None)
+    ntp_generate(model, prompt, greedy, 8)  # warm-up
+    cached, stats = ntp_generate(model, prompt, greedy, new_tokens)
     t0 = time.perf_counter()
     recomputed = recompute_generate(model, prompt, new_tokens)
     t_recompute = time.perf_counter() - t0
@@ -311,7 +312,7 @@ def cpu_hardware(model):
 def batch_setup(n_problems):
     """-> (model, n_problems problems, plain settings or None, exact settings, task, path) for
     out_dir's checkpoint: the demo's test problems, or a chat model's benchmark problems."""
-    from pretrained import tokenizer_of
+    from pretrained.loading import tokenizer_of
 
     path = os.path.join(out_dir, "ckpt_sbd.pt")
     model, checkpoint = load_checkpoint(path, device)

