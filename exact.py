@@ -35,12 +35,12 @@ from generate import (
     Step,
     check_mask_id,
     check_prompt,
+    hybrid_forward,
     new_cache,
     ntp_generate,
     prefill,
     sbd_generate,
 )
-from model import dense_mask
 from sampling import REVEAL_RULES, filter_logits, reveal_step, sample, suppress_mask
 from sbd import hybrid_mask
 
@@ -379,11 +379,8 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
                                device=prompt.device)
         alike = len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1
         if alike:  # every row the same shape (always at batch 1): no padding, generate.py's mask
-            n, T = cache.lengths[0], P + W
-            mask = None if T == 1 else dense_mask(lambda q, kv: hybrid_mask(q, kv, n + P), T,
-                                                  n + T, query_offset=n, device=prompt.device)
-            tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, T)
-            logits, _ = model(tokens, mask=mask, cache=cache, n_commit=P)
+            tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W)
+            logits = hybrid_forward(model, cache, tokens, P)
         else:
             tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
             logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)

@@ -176,22 +176,31 @@ def ntp_generate(model, prompt, settings, max_new_tokens, generator=None, record
 # set block decoding (Algorithms 2 and 3)
 
 
+def hybrid_forward(model, cache, tokens, n_commit):
+    """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
+
+    The first n_commit tokens are processed causally and committed to the cache; the other
+    T - n_commit are a block whose slots attend to the whole prefix and to each other (hybrid_mask)
+    and are never committed. Position ids are the slot indices. Every SBD forward of the decoders
+    and the benchmarks is this one call.
+    """
+    n, T = cache.length, tokens.size(1)
+    mask = None if T == 1 else dense_mask(lambda q, kv: hybrid_mask(q, kv, n + n_commit), T, n + T,
+                                          query_offset=n, device=tokens.device)  # (T, n + T)
+    logits, _ = model(tokens, mask=mask, cache=cache, n_commit=n_commit)
+    return logits
+
+
 def block_forward(model, cache, prev, block):
     """One SBD forward -> (causal logits of prev (B, n_prev, V), block logits (B, kb, V)).
 
     Feeds [prev ; block]. prev (B, n_prev) is the pending prompt token or the previous, finished
-    block: it is processed causally and committed to the cache, so its logits are next-token
-    logits, the very ones NTP decoding computes at those positions. The block slots attend to the
-    whole prefix and to each other (hybrid_mask) and are never committed. Position ids are the
-    slot indices: block slot i stands for the token at position n_cached + n_prev + i and predicts
-    the token AT it.
+    block: it is committed to the cache, so its logits are next-token logits, the very ones NTP
+    decoding computes at those positions. Block slot i stands for the token at position
+    n_cached + n_prev + i and predicts the token AT it.
     """
-    n_cached, n_prev = cache.length, prev.size(1)
-    idx = torch.cat([prev, block], dim=1)  # (B, T), T = n_prev + kb
-    T = idx.size(1)
-    mask = dense_mask(lambda q, kv: hybrid_mask(q, kv, n_cached + n_prev), T, n_cached + T,
-                      query_offset=n_cached, device=idx.device)  # (T, n_cached + T)
-    logits, _ = model(idx, mask=mask, cache=cache, n_commit=n_prev)  # (B, T, V)
+    n_prev = prev.size(1)
+    logits = hybrid_forward(model, cache, torch.cat([prev, block], dim=1), n_prev)  # (B, T, V)
     return logits[:, :n_prev], logits[:, n_prev:]
 
 

@@ -334,7 +334,7 @@ def batch_setup(n_problems):
 def decode_problems(model, task, problems, settings, batch_size, ntp=False):
     """Every problem decoded as evaluate.py decodes them -> (output ids in problem order,
     [DecodeStats per batch])."""
-    from evaluate import decode_batches
+    from tasks.solve import decode_batches
 
     outputs, all_stats = [None] * len(problems), []
     for indices, out, stats in decode_batches(model, task, problems, settings, batch_size, ntp):

@@ -3,9 +3,9 @@ Run the main job over several seeds and summarise Table 1 as mean and range per 
 is one draw, and the small demo's k=16 results swing by points and x-fold speed-ups from seed to
 seed.
 
-    python -m report.seeds config/sbd_small.py --seeds=1,2,3    # train + report each seed, then a summary
-    python -m report.seeds config/sbd_small.py --seeds=1,2,3 --sbd_iters=2000  # any train.py override
-    python -m report.seeds --summarize=out-sbd-small-seed1,out-sbd-small-seed2  # summary of finished runs
+    python -m report.seeds config/sbd_small.py --seeds=1,2,3  # train + report each, summarise
+    python -m report.seeds config/sbd_small.py --seeds=1,2,3 --sbd_iters=2000  # any override
+    python -m report.seeds --summarize=out-sbd-small-seed1,out-sbd-small-seed2  # finished runs
 
 Each seed runs `python train.py <config> --seed=<s> --out_dir=<out_dir>-seed<s> <overrides>` one
 after the other (two torch jobs at once on a small CPU slow each other down 3-5x), skipping a seed

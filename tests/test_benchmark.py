@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import evaluate
+import tasks.solve as solve_lib
 from model import LLAMA_PRESETS, Llama, LlamaConfig, save_checkpoint
 from sampling import DecodeSettings
 from tasks import BenchmarkTask, final_answer
@@ -140,15 +141,15 @@ def test_left_padded_batches_decode_as_each_prompt_alone(files):
     problems = task.splits["test"][:5] + [("y" * 475, "1"), ("What is 2 + 2? " * 3, "4"),
                                           ("What is 7 + 8?", "15")]
     model = tiny_llama()
-    assert evaluate.new_tokens(task, model, len(task.encode_prompt("y" * 475))) == 512 - 498
-    fillers = [n_pad.tolist() for _, _, n_pad, _ in evaluate.batches(task, model, problems, 8)]
+    assert solve_lib.new_tokens(task, model, len(task.encode_prompt("y" * 475))) == 512 - 498
+    fillers = [n_pad.tolist() for _, _, n_pad, _ in solve_lib.batches(task, model, problems, 8)]
     # the long prompt alone (its own budget), then by length
     assert fillers == [[0], [30, 28, 28, 28, 28, 28, 0]]
     base = DecodeSettings(mask_id=task.mask_id, stop_ids=task.stop_ids)
     for mode, k, gamma in [("ntp", 16, 0.0), ("sbd", 8, 0.5), ("sbd", 16, 2.0), ("exact", 8, 0.5)]:
         settings = base.replace(k=k, gamma=gamma, exact=mode == "exact")
-        together = evaluate.solve(model, task, problems, settings, mode == "ntp", batch_size=8)
-        alone = evaluate.solve(model, task, problems, settings, mode == "ntp", batch_size=1)
+        together = solve_lib.solve(model, task, problems, settings, mode == "ntp", batch_size=8)
+        alone = solve_lib.solve(model, task, problems, settings, mode == "ntp", batch_size=1)
         assert together["completions"] == alone["completions"], mode
         assert together["forwards"] == alone["forwards"], mode
         assert together["tokens"] == alone["tokens"], mode
