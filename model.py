@@ -328,10 +328,12 @@ class LlamaConfig:
     max_seq_len: int = 131072  # longest position the model was trained for
     ffn_hidden_size: int = None  # the FFN width if a checkpoint states it (HF's intermediate_size)
     tie_word_embeddings: bool = False  # Llama 3.2 1B/3B: the output head IS the embedding matrix
+    head_size: int = None  # the per-head width if a checkpoint states it (HF's head_dim; Qwen-3)
+    qk_norm: bool = False  # Qwen-3: an RMSNorm over each head's queries and keys, before RoPE
 
     @property
-    def head_dim(self):
-        return self.dim // self.n_heads
+    def head_dim(self):  # Llama: dim // n_heads; Qwen-3 states its own (0.6B: 1024 // 16 != 128)
+        return self.head_size or self.dim // self.n_heads
 
     @property
     def ffn_hidden(self):
@@ -411,24 +413,26 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
-        self.head_dim = config.head_dim
-        self.wq = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        hd, self.qk_norm = config.head_dim, config.qk_norm
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
+        self.wq = nn.Linear(config.dim, config.n_heads * hd, bias=False)
+        self.wk = nn.Linear(config.dim, config.n_kv_heads * hd, bias=False)
+        self.wv = nn.Linear(config.dim, config.n_kv_heads * hd, bias=False)
+        self.wo = nn.Linear(config.n_heads * hd, config.dim, bias=False)
+        if config.qk_norm:  # Qwen-3: one weight of hd per norm, shared by all heads
+            self.q_norm, self.k_norm = RMSNorm(hd, config.norm_eps), RMSNorm(hd, config.norm_eps)
 
     def forward(self, x, cos, sin, layer, mask, cache, n_commit):
-        """x (B, T, dim) -> (B, T, dim): attention with grouped-query attention.
-
-        q gets n_heads heads, k and v n_kv_heads, of head_dim each; q and k are rotated (the cache
-        holds rotated keys). k and v enter attention() with n_kv_heads heads: each serves
-        n_heads // n_kv_heads query heads, and the cache stays that small. wo maps heads back.
-        """
+        """x (B, T, dim) -> (B, T, dim), grouped-query attention: q gets n_heads heads, k and v
+        n_kv_heads, of head_dim each. q and k are normed (if qk_norm), then rotated: the cache holds
+        rotated keys. k and v enter attention() with n_kv_heads heads, each serving
+        n_heads // n_kv_heads query heads, so the cache stays that small."""
         B, T, C = x.size()
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        if self.qk_norm:  # over each head's hd coordinates
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # keys are cached rotated
         y = attention(q, k, v, layer, mask, cache, n_commit, dropout_p=0.0)  # (B, nh, T, hd)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
@@ -515,21 +519,18 @@ class Llama(nn.Module):
         cos, sin = rotary_cos_sin(pos, self.inv_freq)  # (T, hd/2) or (B, T, hd/2)
         x = self.tok_embeddings(idx)  # (B, T, dim)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
+        # activation checkpointing keeps only each block's input; backward recomputes the rest
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer, block in enumerate(self.layers):
-            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                # keep only each block's input; backward recomputes the rest (memory for compute)
-                x = checkpoint(block, x, cos, sin, layer, mask, cache, n_commit,
-                               use_reentrant=False)
-            else:
-                x = block(x, cos, sin, layer, mask, cache, n_commit)
+            args = (x, cos, sin, layer, mask, cache, n_commit)
+            x = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
         logits = self.output(self.norm(x))  # (B, T, vocab)
         if cache is not None:
             cache.commit(n_commit)
         return logits, (cross_entropy(logits, targets) if targets is not None else None)
 
     def new_cache(self, batch_size, max_len, device, dtype=None):
-        c = self.config
-        dtype = dtype or self.output.weight.dtype
+        c, dtype = self.config, dtype or self.output.weight.dtype
         return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_len, device, dtype)
 
 
@@ -596,11 +597,11 @@ def check_state_dict(model, state, source):
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{source} does not match the model: missing {missing[:5]}, "
+        raise ConfigError(f"{source} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ValueError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, "
+            raise ConfigError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, "
                              f"the model expects {tuple(expected[name].shape)}")
 
 
@@ -609,7 +610,14 @@ def load_checkpoint(path, device="cpu"):
     if not os.path.exists(path):
         raise ConfigError(f"no checkpoint at {path}: train one first "
                           "(python train.py config/sbd_small.py)")
-    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    try:  # torch.load raises many kinds of error for a file cut short or another program's
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as e:
+        raise ConfigError(f"{path} is not a readable checkpoint ({type(e).__name__}): cut short, "
+                          "or another program's file; copy or train it again") from None
+    if not isinstance(checkpoint, dict) or "model_family" not in checkpoint:
+        raise ConfigError(f"{path} is not a checkpoint of train.py (a downloaded model loads "
+                          "with init_from)")
     if "stage" not in checkpoint:
         raise ConfigError(f"{path} was written by an older version of train.py: train it again")
     model = model_from_checkpoint(checkpoint, device)

@@ -8,7 +8,8 @@ Load Llama 3 checkpoints into model.Llama, from either layout people download:
   model.safetensors.index.json. Names go through a short explicit table, and the wq/wk rows are
   permuted back from HF's rotate_half convention (hf_unpermute below; hf_permute is the inverse).
   Other Llama-architecture models in this layout (SmolLM2, for one) load the same way: config.json
-  is judged key by key by what each key means (config_from_hf).
+  is judged key by key by what each key means (config_from_hf). So does Qwen-3 (model_type
+  "qwen3"): Llama's block plus an RMSNorm over each head's q and k, and its own head_dim.
 
 Either way the model is built on the meta device (no memory, no random init), the weights are
 memory-mapped, every tensor's name and shape is checked against the model, and the tensors are
@@ -372,15 +373,20 @@ HF_ROPE = {"factor": "rope_scale_factor", "low_freq_factor": "rope_low_freq_fact
            "original_max_position_embeddings": "rope_original_context"}
 # Keys that change the forward pass -> the values under which model.Llama computes what they say.
 # An absent key is transformers' default, the same value.
+# model_type -> its causal LM class in transformers; the two families model.Llama computes
+HF_FAMILIES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+QWEN3_HEAD_DIM = 128  # transformers' Qwen3Config default when config.json states no head_dim
 HF_NEUTRAL = {
-    "model_type": ["llama"], "architectures": [["LlamaForCausalLM"], None],  # Llama's code only
+    "model_type": list(HF_FAMILIES),  # not qwen3_moe (experts), qwen2 (q/k/v biases), mistral...
+    "architectures": [[name] for name in HF_FAMILIES.values()] + [None],
     "hidden_act": ["silu", "swish"],  # two names of one function in transformers
     "attention_bias": [False], "mlp_bias": [False],  # biases on q/k/v/o (as Qwen2) or on the MLP
     # nanotron's flag for the rotary pairs it trained with. transformers ignores it and always pairs
     # dims (i, i + head_dim/2), which false states; true would leave the wq/wk layout in doubt.
     "rope_interleaved": [False],
     "use_sliding_window": [False], "use_mrope": [False],  # local attention; multimodal rotary
-    "qk_norm": [False, None], "use_qk_norm": [False, None],  # an RMSNorm on q and k per head
+    # other families' switches for a norm on q and k (Qwen-3's is implied by its model_type)
+    "qk_norm": [False, None], "use_qk_norm": [False, None],
     "qk_layernorm": [False, None], "qk_layer_norms": [False, None],
     "attn_logit_softcapping": [None], "final_logit_softcapping": [None],  # tanh caps (Gemma 2)
     # muP-style scales of the embeddings, residual branches, attention scores and logits
@@ -419,6 +425,8 @@ HF_METADATA = HF_GENERATION | {
     "initializer_range", "attention_dropout",  # training only (model.Llama has no dropout)
     "max_window_layers",  # which layers slide; inert, since use_sliding_window must be false
 }
+HF_QK_NORM_MAP = {"self_attn.q_norm": "attention.q_norm",  # Qwen-3 only, inside model.layers.N
+                  "self_attn.k_norm": "attention.k_norm"}
 HF_KEY_MAP = {"self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
               "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
               "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
@@ -448,6 +456,8 @@ def config_from_hf(cfg, path, strict_config=False):
         print(f"{path}: ignored keys this loader does not know: {', '.join(unknown)} "
               "(strict_config=True refuses them)")
     kw = {ours: cfg[k] for k, ours in HF_CONFIG.items()}
+    if cfg.get("model_type") == "qwen3":
+        kw.update(qk_norm=True, head_size=cfg.get("head_dim", QWEN3_HEAD_DIM))
     # config.json states the FFN width outright (Meta's params.json states the recipe for it)
     return LlamaConfig(**kw, **rope, ffn_hidden_size=cfg["intermediate_size"],
                        tie_word_embeddings=cfg.get("tie_word_embeddings", False))  # HF: untied
@@ -477,9 +487,21 @@ def hf_math_problems(cfg):
     if layer_types is not None and (not isinstance(layer_types, list)
                                     or any(t != "full_attention" for t in layer_types)):
         problems.append(f"layer_types={layer_types!r} (need every layer 'full_attention')")
+    family, arch = cfg.get("model_type", "llama"), cfg.get("architectures")
+    if family in HF_FAMILIES and arch is not None and arch != [HF_FAMILIES[family]] \
+            and arch in HF_NEUTRAL["architectures"]:  # one family's weights read by another's code
+        problems.append(f"architectures={arch!r} with model_type={family!r} (need "
+                        f"[{HF_FAMILIES[family]!r}])")
     dim, heads, kv_heads = (cfg.get(k) for k in ("hidden_size", "num_attention_heads",
                                                   "num_key_value_heads"))
-    if all(is_positive(x) for x in (dim, heads, kv_heads)):
+    if family == "qwen3":  # Qwen-3 states head_dim on its own; rotary turns pairs of coordinates
+        head_dim = cfg.get("head_dim", QWEN3_HEAD_DIM)
+        if not is_positive(head_dim) or head_dim % 2:
+            problems.append(f"head_dim={head_dim!r} (need a positive even integer)")
+        if is_positive(heads) and is_positive(kv_heads) and heads % kv_heads:
+            problems.append(f"num_key_value_heads={kv_heads} does not divide "
+                            f"num_attention_heads={heads}")
+    elif all(is_positive(x) for x in (dim, heads, kv_heads)):
         if dim % heads:
             problems.append(f"hidden_size={dim} is not a multiple of num_attention_heads={heads}")
         elif cfg.get("head_dim") not in (None, dim // heads):  # LlamaConfig derives head_dim
@@ -541,13 +563,15 @@ def hf_rope(cfg):
     return {}, problems
 
 
-def meta_name(hf_name):
-    """HF parameter name -> Meta name; names we do not know come back unchanged (then reported)."""
+def meta_name(hf_name, qk_norm=False):
+    """HF parameter name -> Meta name; names we do not know come back unchanged (then reported).
+    q_norm and k_norm are known only to a model with qk_norm: a Llama reports them by HF's name."""
     if hf_name in HF_TOP_KEY_MAP:
         return HF_TOP_KEY_MAP[hf_name]
+    key_map = {**HF_KEY_MAP, **HF_QK_NORM_MAP} if qk_norm else HF_KEY_MAP
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.weight", hf_name)
-    if m and m.group(2) in HF_KEY_MAP:
-        return f"layers.{m.group(1)}.{HF_KEY_MAP[m.group(2)]}.weight"
+    if m and m.group(2) in key_map:
+        return f"layers.{m.group(1)}.{key_map[m.group(2)]}.weight"
     return hf_name
 
 
@@ -576,16 +600,26 @@ def load_hf_checkpoint(ckpt_dir, device="cpu", dtype=None, strict_config=False):
     config = config_from_hf(read_json(config_path), config_path, strict_config)
     with torch.device("meta"):
         model = Llama(config)
-    state_dict = {meta_name(name): t for name, t in read_hf_tensors(ckpt_dir).items()
+    tensors = read_hf_tensors(ckpt_dir)
+    state_dict = {meta_name(name, config.qk_norm): t for name, t in tensors.items()
                   if not name.endswith("rotary_emb.inv_freq")}  # old files kept the rotary table
     if config.tie_word_embeddings:  # usually no lm_head.weight in the files
         use_embedding_as_output(state_dict, ckpt_dir, "lm_head.weight")
     check_state_dict(model, state_dict, ckpt_dir)
-    for i in range(config.n_layers):
-        wq, wk = f"layers.{i}.attention.wq.weight", f"layers.{i}.attention.wk.weight"
-        state_dict[wq] = hf_unpermute(state_dict[wq], config.n_heads)
-        state_dict[wk] = hf_unpermute(state_dict[wk], config.n_kv_heads)
+    unpermute_qk(state_dict, config)
     return assign_weights(model, state_dict, device, dtype)
+
+
+def unpermute_qk(state_dict, config):
+    """HF's rotate_half rows of every wq and wk -> Meta's pairs, in place. A q_norm or k_norm
+    weight (head_dim,) scales each head's coordinates in the same order, so it moves with them."""
+    for i in range(config.n_layers):
+        for name, n_heads in (("wq", config.n_heads), ("wk", config.n_kv_heads)):
+            key = f"layers.{i}.attention.{name}.weight"
+            state_dict[key] = hf_unpermute(state_dict[key], n_heads)
+        for name in ("q_norm", "k_norm") if config.qk_norm else ():
+            key = f"layers.{i}.attention.{name}.weight"
+            state_dict[key] = hf_unpermute(state_dict[key][:, None], 1)[:, 0]  # one "head"
 
 
 # -----------------------------------------------------------------------------

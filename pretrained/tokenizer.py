@@ -17,6 +17,7 @@ alone.
 
 import base64
 import os
+import unicodedata
 
 import tiktoken
 
@@ -114,7 +115,10 @@ GPT2_PAT_STR = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s
 # GPT-2's \s+(?!\S) becomes \s+(?![^\s\p{N}]). "x  12" -> "x", "  ", "1", "2" (GPT-2's regex:
 # "x", " ", " 12").
 SMOLLM_PAT_STR = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"
-PRE_TOKENIZERS = {"gpt2": GPT2_PAT_STR, "smollm": SMOLLM_PAT_STR}
+# "qwen2" (Qwen2's to Qwen-3's tokenizer.json; llama.cpp spells the case-insensitive contractions
+# out by hand): Llama 3's regex, but every number character is a piece of its own
+QWEN2_PAT_STR = PAT_STR.replace(r"\p{N}{1,3}", r"\p{N}")
+PRE_TOKENIZERS = {"gpt2": GPT2_PAT_STR, "smollm": SMOLLM_PAT_STR, "qwen2": QWEN2_PAT_STR}
 
 # The chat templates GGUFTokenizer renders (in Python, no jinja): ChatML as SmolLM2's file states
 # it, with or without the block that adds a default system prompt to a chat with no system message.
@@ -160,10 +164,70 @@ def parse_chatml(template):
     return None, f"unrecognised chat template (only ChatML is rendered): {template[:200]!r}"
 
 
-class GGUFTokenizer:
+class ByteLevelBPE:
+    """A byte-level BPE vocabulary as a tiktoken Encoding, with the interface of Llama3Tokenizer and
+    ChatML turns: what GGUFTokenizer and hf_tokenizer.HFTokenizer share. A subclass reads its file,
+    then calls build(); it sets bos_id, eos_id, pad_id, mask_id, default_system and chat_problem.
+
+    - Special tokens: decode() writes their text, encode() never produces them (text that looks
+      like one stays text), except text_tokens, which encode() finds in text as HF's tokenizers
+      finds its added tokens that are not special (Qwen-3's <think>).
+    - A byte with no token of its own (SmolLM2 lacks 21, e.g. 0x04) is dropped by encode(), as
+      llama.cpp does (after merging, so it still separates its neighbours): no round trip there.
+    - normalize: a Unicode form text is put in before splitting ("NFC" for Qwen), or None.
+    """
+
+    def build(self, name, ranks, special, pat_str, vocab_size, text_tokens=(), normalize=None):
+        self.vocab_size, self.special, self.normalize = vocab_size, special, normalize
+        self.text_tokens = set(text_tokens)
+        self.bytes_without_token = [b for b in range(256) if bytes([b]) not in ranks]
+        for b in self.bytes_without_token:  # tiktoken needs all 256: ids past the vocabulary,
+            ranks[bytes([b])] = vocab_size + b  # which encode() drops
+        self.enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks,
+                                     special_tokens=special)
+        self.im_start = special.get("<|im_start|>")
+        self.eot_id = special.get("<|im_end|>", self.eos_id)  # ends a turn (ChatML)
+        stops = [self.eos_id, self.eot_id, special.get("<|endoftext|>")]
+        self.stop_ids = list(dict.fromkeys(i for i in stops if i is not None))  # in order, once
+        if self.chat_problem is None and self.im_start is None:
+            self.chat_problem = "a ChatML template, but no <|im_start|> token"
+
+    def encode(self, text, bos=False, eos=False):
+        """Plain text -> ids. Text that looks like a special token ("<|im_end|>" typed by a user)
+        stays ordinary text: only encode_chat inserts special ids."""
+        if self.normalize:
+            text = unicodedata.normalize(self.normalize, text)
+        ids = self.enc.encode(text, allowed_special=self.text_tokens, disallowed_special=())
+        ids = [i for i in ids if i < self.vocab_size]  # drop bytes that have no token
+        return [self.bos_id] * bos + ids + [self.eos_id] * eos
+
+    def decode(self, ids):
+        return self.enc.decode([int(i) for i in ids])
+
+    def encode_turn(self, role, content):
+        """<|im_start|>{role}\\n{content}<|im_end|>\\n. Tokenizing the rendered template with
+        special tokens parsed cuts it at those first, so each stretch of text is encoded alone."""
+        return [self.im_start, *self.encode(f"{role}\n{content}"), self.eot_id, *self.encode("\n")]
+
+    def encode_chat(self, messages):
+        """[{"role": ..., "content": ...}, ...] -> ids of the ChatML template, ending with the open
+        assistant turn <|im_start|>assistant\\n. As the template: contents are not stripped, and
+        its default system prompt (if any) comes first when the first message is not a system
+        one."""
+        if self.chat_problem:
+            raise ConfigError(f"cannot render a chat: {self.chat_problem}")
+        ids = []
+        if self.default_system is not None and messages and messages[0]["role"] != "system":
+            ids += self.encode_turn("system", self.default_system)
+        for message in messages:
+            ids += self.encode_turn(message["role"], message["content"])
+        return ids + [self.im_start, *self.encode("assistant\n")]
+
+
+class GGUFTokenizer(ByteLevelBPE):
     """A byte-level BPE vocabulary from GGUF metadata (tokenizer.ggml.model = "gpt2") as a tiktoken
-    Encoding, with the interface of Llama3Tokenizer. metadata: {GGUF key: value}, as
-    load_gguf.read_metadata returns it; only the tokenizer.* keys are read.
+    Encoding (ByteLevelBPE). metadata: {GGUF key: value}, as load_gguf.read_metadata returns it;
+    only the tokenizer.* keys are read.
 
     - Ids are the file's: a NORMAL token's id is its tiktoken rank. tiktoken joins the adjacent
       pair whose concatenation has the lowest rank, llama.cpp the pair listed first in
@@ -172,10 +236,7 @@ class GGUFTokenizer:
       SmolLM2). tiktoken could still join a pair that spells a token without being its merge:
       tests/test_gguf_tokenizer.py and checks/smollm2_vs_transformers.py found no such case.
     - The split regex is llama.cpp's for the file's pre-tokenizer (PRE_TOKENIZERS).
-    - Other token types (CONTROL, USER_DEFINED, ...) are special tokens: decode() writes their
-      text, encode() never produces them (text that looks like one stays text).
-    - A byte with no token of its own (SmolLM2 lacks 21, e.g. 0x04) is dropped by encode(), as
-      llama.cpp does (after merging, so it still separates its neighbours): no round trip there.
+    - Other token types (CONTROL, USER_DEFINED, ...) are special tokens.
     - mask_id (SBD) is <empty_output> (16) when the file has it, else None. SmolLM2's ids 5 and
       7-16 share one embedding row (to Q8_0 rounding): they never occurred in training, and a chat
       never uses them. Reusing one keeps the 49152-row vocabulary and the tied head as they are.
@@ -192,76 +253,47 @@ class GGUFTokenizer:
         tokens, types = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.token_type"]
         if len(types) != len(tokens):
             raise ConfigError(f"{name}: {len(tokens)} tokens but {len(types)} token types")
-        ranks, self.special = bpe_ranks(tokens, types, metadata["tokenizer.ggml.merges"], name)
-        self.vocab_size = len(tokens)
-        self.bytes_without_token = [b for b in range(256) if bytes([b]) not in ranks]
-        for b in self.bytes_without_token:  # tiktoken needs all 256: ids past the vocabulary,
-            ranks[bytes([b])] = self.vocab_size + b  # which encode() drops
-        self.enc = tiktoken.Encoding(name=name, pat_str=PRE_TOKENIZERS[pre],
-                                     mergeable_ranks=ranks, special_tokens=self.special)
+        ranks, special = bpe_ranks(tokens, types, metadata["tokenizer.ggml.merges"], name)
         self.bos_id = metadata.get("tokenizer.ggml.bos_token_id")
         self.eos_id = metadata.get("tokenizer.ggml.eos_token_id")
         self.pad_id = metadata.get("tokenizer.ggml.padding_token_id")
-        self.im_start = self.special.get("<|im_start|>")
-        self.eot_id = self.special.get("<|im_end|>", self.eos_id)  # ends a turn (ChatML)
-        stops = [self.eos_id, self.eot_id, self.special.get("<|endoftext|>")]
-        self.stop_ids = list(dict.fromkeys(i for i in stops if i is not None))  # in order, once
-        self.mask_id = self.special.get(MASK_TOKEN)
+        self.mask_id = special.get(MASK_TOKEN)
         template = metadata.get("tokenizer.chat_template")
         self.default_system, self.chat_problem = parse_chatml(template)
-        if self.chat_problem is None and self.im_start is None:
-            self.chat_problem = "a ChatML template, but no <|im_start|> token"
-
-    def encode(self, text, bos=False, eos=False):
-        """Plain text -> ids. Text that looks like a special token ("<|im_end|>" typed by a user)
-        stays ordinary text: only encode_chat inserts special ids."""
-        ids = self.enc.encode(text, allowed_special=set(), disallowed_special=())
-        ids = [i for i in ids if i < self.vocab_size]  # drop bytes that have no token
-        return [self.bos_id] * bos + ids + [self.eos_id] * eos
-
-    def decode(self, ids):
-        return self.enc.decode([int(i) for i in ids])
-
-    def encode_turn(self, role, content):
-        """<|im_start|>{role}\\n{content}<|im_end|>\\n. Tokenizing the rendered template with
-        special tokens parsed cuts it at those first, so each stretch of text is encoded alone."""
-        return [self.im_start, *self.encode(f"{role}\n{content}"), self.eot_id, *self.encode("\n")]
-
-    def encode_chat(self, messages):
-        """[{"role": ..., "content": ...}, ...] -> ids of the file's ChatML template, ending with
-        the open assistant turn <|im_start|>assistant\\n. As the template: contents are not
-        stripped, and its default system prompt (if any) comes first when the first message is
-        not a system one."""
-        if self.chat_problem:
-            raise ConfigError(f"cannot render a chat: {self.chat_problem}")
-        ids = []
-        if self.default_system is not None and messages and messages[0]["role"] != "system":
-            ids += self.encode_turn("system", self.default_system)
-        for message in messages:
-            ids += self.encode_turn(message["role"], message["content"])
-        return ids + [self.im_start, *self.encode("assistant\n")]
+        # Qwen's tokenizer.json puts text in Unicode's NFC before splitting: the model saw that
+        self.build(name, ranks, special, PRE_TOKENIZERS[pre], len(tokens),
+                   normalize="NFC" if pre == "qwen2" else None)
 
 
 def bpe_ranks(tokens, types, merges, name):
-    """GGUF token strings and merges -> ({token bytes: id} of the NORMAL tokens, {text: id} of the
-    special ones), after checking that tiktoken's rank order is the merge order (GGUFTokenizer)."""
-    byte_of = {c: b for b, c in gpt2_byte_chars().items()}
-    ranks, special = {}, {}
+    """GGUF token strings, types and merges -> ({token bytes: id} of the NORMAL tokens, {text: id}
+    of the special ones), after checking that tiktoken's rank order is the merge order."""
+    normal, special = {}, {}
     for i, (token, kind) in enumerate(zip(tokens, types)):
         if kind in SPECIAL_TYPES:
             special[token] = i
-            continue
-        if kind != TOKEN_NORMAL or not token or any(c not in byte_of for c in token):
+        elif kind != TOKEN_NORMAL:
             raise ConfigError(f"{name}: token {i} {token!r} (type {kind}) is not a byte-level BPE "
                              "token")
-        if ranks.setdefault(bytes(byte_of[c] for c in token), i) != i:
+        elif normal.setdefault(token, i) != i:
             raise ConfigError(f"{name}: token {i} {token!r} appears twice in the vocabulary")
-    ids = {token: i for i, token in enumerate(tokens)}
+    return byte_level_ranks(normal, merges, name), special
+
+
+def byte_level_ranks(vocab, merges, name):
+    """{token in GPT-2's byte characters: id} and merges ("a b") -> {token bytes: id}, after
+    checking that tiktoken's rank order is the merge order (GGUFTokenizer says why)."""
+    byte_of = {c: b for b, c in gpt2_byte_chars().items()}
+    ranks = {}
+    for token, i in vocab.items():
+        if not token or any(c not in byte_of for c in token):
+            raise ConfigError(f"{name}: token {i} {token!r} is not a byte-level BPE token")
+        ranks[bytes(byte_of[c] for c in token)] = i  # one string per byte sequence: no clash
     made, last = set(), -1  # ids of the tokens merges make; the id the last merge made
     for line, merge in enumerate(merges):
         parts = merge.split(" ")
-        i = ids.get("".join(parts), -1)
-        if len(parts) != 2 or i <= last or types[i] != TOKEN_NORMAL:
+        i = vocab.get("".join(parts), -1)
+        if len(parts) != 2 or i <= last:
             raise ConfigError(f"{name}: merge {line} {merge!r} does not make a new token with a "
                              "larger id than the merge before it; tiktoken's ranks need that order")
         made.add(i)
@@ -270,7 +302,7 @@ def bpe_ranks(tokens, types, merges, name):
     if unmade:
         raise ConfigError(f"{name}: {len(unmade)} tokens longer than a byte are made by no merge, "
                          f"e.g. {unmade[0]!r}; tiktoken would produce them, llama.cpp would not")
-    return ranks, special
+    return ranks
 
 
 class CharTokenizer:
