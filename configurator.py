@@ -27,6 +27,12 @@ class ConfigError(ValueError):
     one line and exit with status 2; any other exception is a bug and keeps its traceback."""
 
 
+def require(ok, message):
+    """A setting out of its range is a ConfigError that says what is allowed."""
+    if not ok:
+        raise ConfigError(message)
+
+
 def report_errors(kind, error, traceback):
     """sys.excepthook of every entry point (configure installs it)."""
     if issubclass(kind, ConfigError):

@@ -13,7 +13,7 @@ The paper's Table 1 for a model with verifiable answers: accuracy and NFE speed-
    sweep passes partly by luck (docs/findings.md, γ is calibrated per model). A budget no γ meets
    with fewer forwards than NTP gets no row. The exact mode needs no budget (its accuracy is NTP's
    by construction): its γ is the one with the most tokens per forward on val. The choices go to
-   out_dir/calibration.json (settings.py), the whole report to out_dir/report.json.
+   out_dir/calibration.json (sampling.py), the whole report to out_dir/report.json.
 2. On the test split: NTP accuracy of the NTP baseline and of the SBD model itself; SBD at γ_low
    and γ_high and exact SBD for each k (exact completions must equal the SBD model's NTP
    decoding: checked); wall clock of NTP, SBD and exact SBD decoding one problem at a time.
@@ -21,26 +21,24 @@ The paper's Table 1 for a model with verifiable answers: accuracy and NFE speed-
    with matplotlib installed).
 NFE speed-up = (forwards NTP decoding needed for the test set) / (forwards SBD decoding needed),
 every row decoded until its own stop token. Prompts of different lengths are decoded together,
-left-padded (LeftPadded); every problem gets the same token budget in every mode.
+left-padded (tasks/solve.py); every problem gets the same token budget in every mode.
 """
 
-import json
 import os
-import platform
-import re
 import sys
 import time
 
 import torch
 
-from configurator import configure, pick_device
-from exact import decode
-from generate import format_steps
+from configurator import configure, pick_device, require
 from model import load_checkpoint
 from pretrained.loading import load_baseline, load_models, load_run, pretrained_path
+from report.summary import machine, summary_rows, write_json
+from report.sweep import curves, plot_sweep
+from report.views import fp32_identity, step_views, wall_clock
 from sampling import settings_for, write_calibration
 from tasks import CharTask, task_of_checkpoint
-from tasks.solve import mode_name, new_tokens, skip_long_prompts, solve
+from tasks.solve import skip_long_prompts, solve, tokens_per_forward
 
 # below 3e-4: ~1 token/forward. Dense at the low end, where a well-trained model's tokens per
 # forward climb steeply and γ_low usually lies
@@ -58,10 +56,6 @@ DEFAULTS = dict(small=dict(grid=GAMMA_GRID, batch_size=250, exact_val_problems=2
                            timing_problems=200),
                 benchmark=dict(grid=LLAMA_GAMMA_GRID, batch_size=64, exact_val_problems=50,
                                timing_problems=20))
-def tokens_per_forward(r):
-    return r["tokens"] / max(r["forwards"], 1)
-
-
 def within_budget(sweep, floor):
     """The largest γ of an upward sweep [(γ, result)] such that every γ up to it keeps val accuracy
     >= floor, if it decodes with fewer forwards than NTP (tokens per forward > 1); else None."""
@@ -160,12 +154,6 @@ def print_table(rows, task):
                   "differently and can break a near-tie the other way)")
 
 
-def row_key(name):
-    """A row's name without its γ value ('SBD k=16 γ_low=0.01' -> 'SBD k=16 γ_low'), so that runs
-    whose calibration chose other values still compare row by row (seeds.py)."""
-    return re.sub(r" γ=\S+$", "", re.sub(r"(γ_low|γ_high)(=\S+|: .*)$", r"\1", name))
-
-
 def operating_point(calibration):
     """The k whose γ_low decodes with the fewest forwards on val, or None if no k has one."""
     speed = {k: dict((g, tpf) for g, _, tpf in c["sweep"])[c["low"]]
@@ -176,127 +164,6 @@ def operating_point(calibration):
 def exact_operating_point(calibration):
     """The k whose exact mode decodes with the fewest forwards on val."""
     return max(calibration, key=lambda k: max(tpf for _, tpf in calibration[k]["exact_sweep"]))
-
-
-def wall_clock(ntp_model, sbd_model, task, base, calibration, k, k_exact, n):
-    """Seconds to decode the first n test problems one at a time: NTP, SBD at k's γ_low (k None:
-    no γ_low on val), exact SBD at k_exact."""
-    problems = task.splits["test"][:n]
-    wall = {"ntp": solve(ntp_model, task, problems, base, ntp=True, batch_size=1)["seconds"]}
-    parts = [f"NTP {wall['ntp']:.2f} s"]
-    if k is not None:
-        g = calibration[k]["low"]
-        settings = base.replace(k=k, gamma=g)
-        wall["sbd"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
-        parts.append(f"SBD k={k} γ={g:g} {wall['sbd']:.2f} s ({wall['ntp'] / wall['sbd']:.2f}x)")
-    g = calibration[k_exact]["exact"]
-    settings = base.replace(k=k_exact, gamma=g, exact=True)
-    wall["exact"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
-    parts.append(f"exact SBD k={k_exact} γ={g:g} {wall['exact']:.2f} s "
-                 f"({wall['ntp'] / wall['exact']:.2f}x)")
-    print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache "
-          "all): " + ", ".join(parts))
-    return wall
-
-
-def step_views(sbd_model, task, base, calibration, k, k_exact):
-    """One test problem step by step at k's γ_low (plain; k None: none), and a problem where the
-    exact mode at k_exact rejected a draft."""
-    device = next(sbd_model.parameters()).device
-    views = [base.replace(k=k, gamma=calibration[k]["low"])] if k is not None else []
-    views.append(base.replace(k=k_exact, gamma=calibration[k_exact]["exact"], exact=True))
-    for settings in views:
-        for prompt, _ in task.splits["test"][:50]:
-            ids = torch.tensor([task.encode_prompt(prompt)], device=device)
-            n = new_tokens(task, sbd_model, ids.size(1))
-            _, stats = decode(sbd_model, ids, settings, n, record_steps=True)
-            if not settings.exact or stats.rejected[0]:  # show where exact had something to correct
-                break
-        legend = (", ~x~ = rejected drafts, {y} = NTP's token in their place" if settings.exact
-                  else "")
-        print(f"\none test problem, {mode_name(settings)} k={settings.k} "
-              f"γ={settings.gamma:g}, step by step "
-              f"([x] = revealed by that forward, _ = masked{legend}):")
-        print(format_steps(stats.steps, task.decode, task.mask_id, prompt=prompt))
-
-
-TAIL = (0.1, 1.0, 1e9)  # the picture goes on past the choice, up to revealing everything at once
-CURVE_GRID = (1e-3, 0.01, 0.1, 1.0, 1e9)  # a block size that is only drawn
-
-
-def curves(model, task, base, calibration, extra_ks, n, batch_size, exact_batch_size):
-    """{k: dict(points=[(γ, val accuracy, tokens per forward)], exact=tokens per forward, low,
-    high)} for the picture: each calibrated k's sweep continued past where the choice stopped (on
-    the first n val problems), and the extra block sizes swept coarsely on the same problems."""
-    val = task.splits["val"][:n]
-
-    def point(k, g):
-        r = solve(model, task, val, base.replace(k=k, gamma=g), batch_size=batch_size)
-        print(f"  picture   k={k:2d} γ={g:<7g} val accuracy {r['accuracy']:6.2f}%  "
-              f"{tokens_per_forward(r):5.2f} tokens/forward ({len(val)} val problems)")
-        return g, r["accuracy"], tokens_per_forward(r)
-
-    out = {}
-    for k, c in calibration.items():
-        tail = [point(k, g) for g in TAIL if g > c["sweep"][-1][0]]
-        out[k] = dict(points=c["sweep"] + tail, exact=max(t for _, t in c["exact_sweep"]),
-                      low=c["low"], high=c["high"])
-    for k in extra_ks:
-        exact = solve(model, task, val, base.replace(k=k, gamma=1e9, exact=True),
-                      batch_size=exact_batch_size)
-        out[k] = dict(points=[point(k, g) for g in CURVE_GRID], exact=tokens_per_forward(exact),
-                      low=None, high=None)
-    return out
-
-
-def plot_sweep(curves, ntp_val_accuracy, low_target, path, trained_k=None):
-    """Val accuracy against tokens per forward, one curve per k from the smallest γ to revealing
-    every masked position at once; γ_low/γ_high and the exact mode (a star at NTP's accuracy)
-    marked. matplotlib is optional: without it, say how to get the picture and go on."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no screen needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(pip install matplotlib to get this sweep as a picture)")
-        return None
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for k, c in curves.items():
-        gammas, accs, tpfs = zip(*c["points"])
-        lossless = min(accs) >= ntp_val_accuracy - low_target
-        label = f"SBD k={k}" + (" (no γ loses accuracy)" if lossless else "")
-        if trained_k is not None and k > trained_k:
-            label += f", a block size never trained (k <= {trained_k})"
-        line, = ax.plot(tpfs, accs, "o-", label=label)
-        ax.annotate("all at once", (tpfs[-1], accs[-1]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=7, color=line.get_color())
-        for name, marker in (("low", "v"), ("high", "^")):
-            g = c[name]
-            if g is not None:
-                i = gammas.index(g)
-                ax.plot(tpfs[i], accs[i], marker, color=line.get_color(), markersize=12,
-                        markerfacecolor="none")
-                both = c["low"] == c["high"]  # one γ that is both gets one label
-                if name == "high" or not both:
-                    text = "γ_low=γ_high" if both else f"γ_{name}"
-                    ax.annotate(f"{text}={g:g}", (tpfs[i], accs[i]), textcoords="offset points",
-                                xytext=(6, -12), fontsize=8)
-        ax.plot(c["exact"], ntp_val_accuracy, "*", color=line.get_color(), markersize=14,
-                label=f"exact SBD k={k}")
-    ax.axhline(ntp_val_accuracy, color="gray", linestyle="--", label="NTP (1 token/forward)")
-    # at least 2 points of scale below NTP: on a nearly perfect model one val problem (0.05 points)
-    # would otherwise fill the whole height and look like a cliff
-    accuracies = [a for c in curves.values() for _, a, _ in c["points"]] + [ntp_val_accuracy]
-    ax.set_ylim(min(min(accuracies), ntp_val_accuracy - 2) - 0.5, max(accuracies) + 0.5)
-    ax.set_xlabel("tokens per forward (= NFE speed-up over NTP)")
-    ax.set_ylabel("val accuracy (%)")
-    ax.set_title("SBD: accuracy against forwards saved, one point per γ")
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def load_small_run(out_dir, device):
@@ -343,15 +210,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     already loaded (pretrained.load_run); None: the small demo in out_dir. reference: (name,
     model), a row for the model the run started from. fp32_models: (NTP baseline, SBD model) in
     fp32, for the identity check of a bf16 report. options: OPTIONS' keys."""
-    o = {**OPTIONS, **options}
     ntp_model, sbd_model, checkpoint, task = run or load_small_run(out_dir, device)
-    defaults = DEFAULTS["small" if isinstance(task, CharTask) else "benchmark"]
-    grid, batch_size = (o["gamma_grid"] or defaults["grid"],
-                        o["batch_size"] or defaults["batch_size"])
-    exact_val_problems = o["exact_val_problems"] or defaults["exact_val_problems"]
-    timing_problems = o["timing_problems"] or defaults["timing_problems"]
-    exact_batch_size = o["exact_batch_size"] or batch_size
-    low_target, high_target = o["low_target"], o["high_target"]
+    o = resolve_options(task, options)
     n = o["max_problems"] or None
     task.splits = {split: problems[:n] for split, problems in task.splits.items()}
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
@@ -361,89 +221,99 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
         print("this SBD model was trained without the NTP term (ntp_weight=0): SBD reveals each "
               "block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
               "checks with the untrained next-token head, reproduces its NTP decoding")
-    # the budgets count from the better NTP decoding on val: the baseline's, or the SBD model's
-    # own (which kept training its NTP term), so that a weak baseline never lets a lossy γ through
-    ntp_vals = [solve(m, task, task.splits["val"], base, ntp=True,
-                      batch_size=batch_size)["accuracy"]
-                for m in (ntp_model, sbd_model)]
-    ntp_val = max(ntp_vals)
-    print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline "
-          f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): γ_low within {low_target} points, "
-          f"γ_high within {high_target}; γ grid {list(grid)}")
-    calibration = {k: calibrate(sbd_model, task, base, ntp_val, k, low_target, high_target, grid,
-                                batch_size, exact_val_problems, exact_batch_size,
-                                o["exact_gammas"] or EXACT_GRID)
-                   for k in o["ks"]}
-    rows = table_rows(ntp_model, sbd_model, task, base, calibration,
-                      dict(low=low_target, high=high_target), batch_size, exact_batch_size)
+    ntp_val, calibration = calibrate_all(ntp_model, sbd_model, task, base, o)
+    budgets = dict(low=o["low_target"], high=o["high_target"])
+    rows = table_rows(ntp_model, sbd_model, task, base, calibration, budgets, o["batch_size"],
+                      o["exact_batch_size"])
     if reference is not None:  # the model the run started from, before any fine-tuning
         name, model = reference
-        result = solve(model, task, task.splits["test"], base, ntp=True, batch_size=batch_size)
+        result = solve(model, task, task.splits["test"], base, ntp=True,
+                       batch_size=o["batch_size"])
         rows.insert(1, (f"{name} as loaded, NTP decoding", result))
     print_table(rows, task)
     checks = {}
     if fp32_models is not None:
         checks["fp32"] = fp32_identity(*fp32_models, task, base, calibration,
-                                       o["fp32_check_problems"], batch_size, exact_batch_size)
-
-    best_k = operating_point(calibration)
+                                       o["fp32_check_problems"], o["batch_size"],
+                                       o["exact_batch_size"])
+    best_k, exact_k = operating_point(calibration), exact_operating_point(calibration)
     if best_k is None:
-        print(f"\nno k has a γ within {low_target} points of NTP on val: decode with the exact "
-              "mode (sample.py --exact=True) or pass a γ")
-    exact_k = exact_operating_point(calibration)
+        print(f"\nno k has a γ within {o['low_target']} points of NTP on val: decode with the "
+              "exact mode (sample.py --exact=True) or pass a γ")
     wall = wall_clock(ntp_model, sbd_model, task, base, calibration, best_k, exact_k,
-                      timing_problems)
+                      o["timing_problems"])
     step_views(sbd_model, task, base, calibration, best_k, exact_k)
-    drawn = curves(sbd_model, task, base, calibration, o["picture_ks"], o["picture_problems"],
-                   batch_size, exact_batch_size)
-    trained_k = (checkpoint.get("config") or {}).get("k_max")
-    picture = plot_sweep(drawn, ntp_val, low_target, os.path.join(out_dir, "sweep.png"), trained_k)
-
+    drawn, picture = draw_sweep(sbd_model, task, base, calibration, ntp_val, o, out_dir,
+                                (checkpoint.get("config") or {}).get("k_max"))
     calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
     choices = dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"])
                       for k, c in calibration.items()},
                    operating_k=best_k, exact_k=exact_k, calibrated_on=calibrated_on)
     write_calibration(os.path.join(out_dir, "ckpt_sbd.pt"), checkpoint, choices)
-    baseline = rows[0][1]
-    summary = dict(
-        val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
-        ntp_val_accuracy=ntp_val, budgets=dict(low=low_target, high=high_target),
-        calibration={str(k): c for k, c in calibration.items()}, operating_k=best_k,
-        curves={str(k): c for k, c in drawn.items()},
-        exact_k=exact_k,
-        rows=[dict(name=name, key=row_key(name), **({} if r is None else dict(
-            accuracy=r["accuracy"], delta=r["accuracy"] - baseline["accuracy"],
-            forwards=r["forwards"], tokens=r["tokens"],
-            speedup=baseline["forwards"] / r["forwards"],
-            **({"same_as_ntp": r["same_as_ntp"]} if "same_as_ntp" in r else {}))))
-              for name, r in rows],
-        task=dict(name=task.name, skipped=skipped, **getattr(task, "info", {})),
-        gamma_grid=list(grid), wall_clock=wall, checks=checks,
-        machine=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
-        dtype=str(next(sbd_model.parameters()).dtype).removeprefix("torch."),
-        device=torch.cuda.get_device_name() if str(device).startswith("cuda") else str(device),
-        seconds=time.time() - t0, config=checkpoint.get("config"))
-    with open(os.path.join(out_dir, "report.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    summary = dict(val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
+                   ntp_val_accuracy=ntp_val, budgets=budgets, operating_k=best_k, exact_k=exact_k,
+                   calibration={str(k): c for k, c in calibration.items()},
+                   curves={str(k): c for k, c in drawn.items()}, rows=summary_rows(rows),
+                   task=dict(name=task.name, skipped=skipped, **getattr(task, "info", {})),
+                   gamma_grid=list(o["grid"]), wall_clock=wall, checks=checks,
+                   **machine(sbd_model, device), seconds=time.time() - t0,
+                   config=checkpoint.get("config"))
+    write_json(os.path.join(out_dir, "report.json"), summary)
     print(f"\nwrote the γ choices to {out_dir}/calibration.json, the report to "
           f"{out_dir}/report.json" + (f", the sweep to {picture}" if picture else "")
           + f" ({time.time() - t0:.0f} s for the report)")
     return rows, calibration, wall
 
 
-def fp32_identity(ntp_model, sbd_model, task, base, calibration, n, batch_size, exact_batch_size):
-    """The exact mode's promise where rounding cannot break ties differently: on the first n test
-    problems, in fp32, exact SBD's completions must equal the SBD model's NTP decoding."""
-    problems = task.splits["test"][:n]
-    ntp = solve(sbd_model, task, problems, base, ntp=True, batch_size=batch_size)["completions"]
-    result = {}
-    for k, c in calibration.items():
-        settings = base.replace(k=k, gamma=c["exact"], exact=True)
-        out = solve(sbd_model, task, problems, settings, batch_size=exact_batch_size)["completions"]
-        result[str(k)] = same = sum(a == b for a, b in zip(out, ntp))
-        print(f"fp32 check, exact SBD k={k}: completions identical to NTP decoding on {same} of "
-              f"{len(problems)} test problems")
-    return dict(problems=len(problems), identical=result)
+def draw_sweep(model, task, base, calibration, ntp_val, o, out_dir, trained_k):
+    """The γ sweep continued past the choice, drawn to out_dir/sweep.png -> (curves, path)."""
+    drawn = curves(model, task, base, calibration, o["picture_ks"], o["picture_problems"],
+                   o["batch_size"], o["exact_batch_size"])
+    path = os.path.join(out_dir, "sweep.png")
+    return drawn, plot_sweep(drawn, ntp_val, o["low_target"], path, trained_k)
+
+
+def resolve_options(task, options):
+    """OPTIONS with the caller's values, unset ones (0, ()) from the task kind's DEFAULTS; a value
+    out of range is a one-line error."""
+    o = {**OPTIONS, **options}
+    defaults = DEFAULTS["small" if isinstance(task, CharTask) else "benchmark"]
+    o["grid"] = o["gamma_grid"] or defaults["grid"]
+    for key in ("batch_size", "exact_val_problems", "timing_problems"):
+        o[key] = o[key] or defaults[key]
+    o["exact_batch_size"] = o["exact_batch_size"] or o["batch_size"]
+    for key in ("batch_size", "exact_batch_size", "exact_val_problems", "timing_problems",
+                "picture_problems", "max_new_tokens"):
+        require(o[key] >= 1, f"{key} must be >= 1 (0: the default), got {o[key]}")
+    require(o["max_problems"] >= 0, f"max_problems must be >= 0 (0: all), got {o['max_problems']}")
+    require(0 <= o["low_target"] <= o["high_target"],
+            f"need 0 <= low_target <= high_target, got {o['low_target']}, {o['high_target']}")
+    for key in ("ks", "picture_ks"):
+        require(all(k >= 1 for k in o[key]), f"{key}: block sizes must be >= 1, got {o[key]}")
+    require(o["ks"], "ks: name at least one block size, e.g. --ks=(8,16)")
+    for key in ("grid", "exact_gammas"):
+        require(all(g >= 0 for g in o[key]), f"{key}: γ values must be >= 0, got {o[key]}")
+    return o
+
+
+def calibrate_all(ntp_model, sbd_model, task, base, o):
+    """-> (NTP val accuracy the budgets count from, {k: calibrate()'s record}).
+
+    The budgets count from the better NTP decoding on val: the baseline's, or the SBD model's own
+    (which kept training its NTP term), so that a weak baseline never lets a lossy γ through."""
+    ntp_vals = [solve(m, task, task.splits["val"], base, ntp=True,
+                      batch_size=o["batch_size"])["accuracy"]
+                for m in (ntp_model, sbd_model)]
+    ntp_val = max(ntp_vals)
+    print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline "
+          f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): γ_low within {o['low_target']} "
+          f"points, γ_high within {o['high_target']}; γ grid {list(o['grid'])}")
+    calibration = {k: calibrate(sbd_model, task, base, ntp_val, k, o["low_target"],
+                                o["high_target"], o["grid"], o["batch_size"],
+                                o["exact_val_problems"], o["exact_batch_size"],
+                                o["exact_gammas"] or EXACT_GRID)
+                   for k in o["ks"]}
+    return ntp_val, calibration
 
 
 def main(argv):

@@ -40,23 +40,25 @@ from generate import (
     ntp_generate,
     prefill,
     sbd_generate,
+    stop_reached,
 )
-from sampling import REVEAL_RULES, filter_logits, reveal_step, sample, suppress_mask
+from model import KVCache
+from sampling import ONE_FORWARD, filter_logits, reveal_step, sample, suppress_mask
 from sbd import hybrid_mask
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
-ONE_FORWARD = 1e9  # adaptive block size: a γ that reveals every masked slot (any rule) at once
 
 
-class RowCache:
+class RowCache(KVCache):
     """A KV cache in which every row keeps its own length.
 
     It adopts the buffers of the model's KVCache (self.k[layer], self.v[layer]: (B, n_kv_head,
-    max_len, head_dim)). Row b's committed tokens sit in slots [0, lengths[b]). A forward of T new
-    tokens writes row b's keys and values to slots [lengths[b], lengths[b] + T) and attends over
-    slots [0, max(lengths) + T): slots past a row's own new tokens hold stale scratch, which the
-    caller's mask hides. commit(n) commits the first n new tokens of every row; rows forget a
-    surplus (padding, rejected drafts) with forget().
+    max_len, head_dim)). Row b's committed tokens sit in slots [0, lengths[b]). While every row has
+    the same length (always at batch 1) a forward is KVCache's. Otherwise a forward of T new tokens
+    writes row b's keys and values to slots [lengths[b], lengths[b] + T) and attends over slots
+    [0, max(lengths) + T): slots past a row's own new tokens hold stale scratch, which the caller's
+    mask hides. commit(n) commits the first n new tokens of every row; rows forget a surplus
+    (padding, rejected drafts) with forget().
     """
 
     def __init__(self, cache, batch_size):
@@ -72,15 +74,12 @@ class RowCache:
         return self.lengths[0]
 
     def extend(self, layer, k_new, v_new, n_commit):
+        if len(set(self.lengths)) == 1:
+            return super().extend(layer, k_new, v_new, n_commit)
         B, H, T, D = k_new.shape
         end = max(self.lengths) + T
         if end > self.max_len:
             raise ValueError(f"KV cache full: {end} slots needed, max_len {self.max_len}")
-        if len(set(self.lengths)) == 1:  # rows alike (always at batch 1): write a slice
-            start = self.lengths[0]
-            self.k[layer][:, :, start:end] = k_new
-            self.v[layer][:, :, start:end] = v_new
-            return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
         if self.index is None or self.index.size(2) != T:
             start = torch.tensor(self.lengths, device=k_new.device)[:, None]  # (B, 1)
             self.index = (start + torch.arange(T, device=k_new.device))[:, None, :, None]
@@ -206,13 +205,15 @@ def next_block_size(k, n_drafts, n_ok, patience, wait, K):
 
 
 class Rows:
-    """Each row's state between forwards: host lists, and tensors for the blocks being drafted."""
+    """Each row's state between forwards: host lists, and tensors for the blocks being drafted.
+    Its methods are the decoder's steps: check what a forward committed, draft, finish blocks."""
 
-    def __init__(self, prompt, settings, max_new_tokens):
+    def __init__(self, prompt, settings, max_new_tokens, vocab_size):
         B, K, device = prompt.size(0), settings.k, prompt.device
         if settings.adaptive:  # the block size sets how much is drafted: every slot in one forward
             settings = settings.replace(gamma=ONE_FORWARD)
         self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
+        self.stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
         self.out = [[] for _ in range(B)]  # checked tokens
         self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
         self.pending_revealed_by = [[] for _ in range(B)]  # forward of its block, per pending slot
@@ -225,6 +226,9 @@ class Rows:
         self.revealed_by = torch.full((B, K), -1, device=device)  # forward of the block, per slot
         self.forwards = torch.zeros(B, 1, dtype=torch.long, device=device)  # of the current block
         self.q = self.q_pending = None  # sampling: (B, K, V) the draws' distributions
+        if settings.temperature > 0:
+            self.q = torch.zeros(B, K, vocab_size, device=device)
+            self.q_pending = torch.zeros(B, K - 1, vocab_size, device=device)
         self.stats = {name: [0] * B for name in
                       ("nfe", "accepted", "rejected", "wasted_forwards", "final_checks")}
         for b in range(B):
@@ -248,50 +252,97 @@ class Rows:
                 self.done[b] = (t in self.settings.stop_ids
                                 or len(self.out[b]) == self.max_new_tokens)
 
+    def check(self, cache, pending, causal, n_prev, generator):
+        """Check what each row's forward committed. -> per row: its Check (None: nothing
+        committed), whether it rejected a draft, whether its new block's slot 0 was revealed.
 
-def check_pending(rows, cache, pending, causal, n_prev, generator):
-    """Check what each row's forward committed. -> per row: its Check (None: nothing committed),
-    whether it rejected a draft, whether its new block's slot 0 was revealed (NTP's token).
+        pending (B, P): each row's checked token then its drafts, padded; causal (B, P, V).
+        """
+        ok, targets = self.accept(pending[:, 1:], causal, generator)  # draft j: causal slot j
+        n_drafts = [max(n - 1, 0) for n in n_prev]
+        n_ok = leading(ok, torch.tensor(n_drafts, device=ok.device)).tolist()
+        targets = targets.tolist()
+        checks, rejected, first = [None] * len(n_prev), [False] * len(n_prev), [False] * len(n_prev)
+        for b in (b for b in range(len(n_prev)) if n_prev[b]):
+            a, n, drafted = n_ok[b], n_drafts[b], self.pending[b][1:]
+            checks[b] = Check(len(self.out[b]), drafted[:a], drafted[a:], None)
+            self.stats["accepted"][b] += a
+            self.stats["final_checks"][b] += self.kb[b] == 0
+            self.emit(b, drafted[:a])
+            if self.settings.adaptive:
+                self.k[b], self.patience[b], self.wait[b] = next_block_size(
+                    self.k[b], n, a, self.patience[b], self.wait[b], self.K)
+            if a < n:  # draft a is wrong: NTP's token replaces it, the new block is dropped
+                cache.forget(b, n - a)
+                self.stats["rejected"][b] += n - a
+                self.stats["wasted_forwards"][b] += wasted(self.pending_revealed_by[b], a)
+                checks[b].correction = targets[b][a]
+                self.emit(b, [targets[b][a]])
+                self.pending[b], rejected[b] = [targets[b][a]], True
+                self.new_block(b)
+            elif self.kb[b] == 0:  # the row's last block checked out
+                self.done[b] = True
+            else:  # the new block's first token is NTP's own: checked as it is made
+                self.block[b, 0], self.is_masked[b, 0] = targets[b][n], False
+                self.revealed_by[b, 0] = 0
+                self.block_start[b], first[b] = len(self.out[b]), True
+                self.emit(b, [targets[b][n]])
+                self.pending[b] = []
+        return checks, rejected, first
 
-    pending (B, P): each row's checked token then its drafts, padded; causal (B, P, V).
-    """
-    s = rows.settings
-    drafts = pending[:, 1:]  # (B, P - 1): draft j is checked by the causal logits at slot j
-    if s.temperature == 0:
-        ok, targets = accept_greedy(drafts, causal, s.mask_id)
-    else:
+    def accept(self, drafts, causal, generator):
+        """The acceptance rule on drafts (B, n) and causal logits (B, n + 1, V) -> (ok, targets)."""
+        s = self.settings
+        if s.temperature == 0:
+            return accept_greedy(drafts, causal, s.mask_id)
         logits = filter_logits(suppress_mask(causal, s.mask_id), s.temperature, s.top_k, s.top_p)
-        q = rows.q_pending[:, :drafts.size(1)]
-        ok, targets = accept_sampled(drafts, q, F.softmax(logits, dim=-1), generator)
-    n_drafts = [max(n - 1, 0) for n in n_prev]
-    n_ok = leading(ok, torch.tensor(n_drafts, device=ok.device)).tolist()
-    targets = targets.tolist()
-    checks, rejected, first = [None] * len(n_prev), [False] * len(n_prev), [False] * len(n_prev)
-    for b in (b for b in range(len(n_prev)) if n_prev[b]):
-        a, n, drafted = n_ok[b], n_drafts[b], rows.pending[b][1:]
-        checks[b] = Check(len(rows.out[b]), drafted[:a], drafted[a:], None)
-        rows.stats["accepted"][b] += a
-        rows.stats["final_checks"][b] += rows.kb[b] == 0
-        rows.emit(b, drafted[:a])
-        if s.adaptive:
-            rows.k[b], rows.patience[b], rows.wait[b] = next_block_size(
-                rows.k[b], n, a, rows.patience[b], rows.wait[b], rows.K)
-        if a < n:  # draft a is wrong: NTP's token replaces it, the new block is dropped
-            cache.forget(b, n - a)
-            rows.stats["rejected"][b] += n - a
-            rows.stats["wasted_forwards"][b] += wasted(rows.pending_revealed_by[b], a)
-            checks[b].correction = targets[b][a]
-            rows.emit(b, [targets[b][a]])
-            rows.pending[b], rejected[b] = [targets[b][a]], True
-            rows.new_block(b)
-        elif rows.kb[b] == 0:  # the row's last block checked out
-            rows.done[b] = True
-        else:  # the new block's first token is NTP's own: checked as it is made
-            rows.block[b, 0], rows.is_masked[b, 0], rows.revealed_by[b, 0] = targets[b][n], False, 0
-            rows.block_start[b], first[b] = len(rows.out[b]), True
-            rows.emit(b, [targets[b][n]])
-            rows.pending[b] = []
-    return checks, rejected, first
+        q = self.q_pending[:, :drafts.size(1)]
+        return accept_sampled(drafts, q, F.softmax(logits, dim=-1), generator)
+
+    def draft(self, logits, drafting, generator):
+        """The reveal rule on the rows still drafting; logits (B, W, V) of the first W block slots.
+        -> revealed (B, K) bool."""
+        W = logits.size(1)
+        masked = self.is_masked[:, :W] & drafting[:, None]
+        revealed_all = torch.zeros_like(self.is_masked)
+        if not masked.any():
+            return revealed_all
+        block, revealed, q = reveal_step(logits, self.block[:, :W], masked, self.settings,
+                                         generator, with_q=True)
+        if q is not None:  # keep each draw's distribution q for the acceptance rule
+            self.q[:, :W] = torch.where(revealed[..., None], q, self.q[:, :W])
+        self.block[:, :W] = block
+        self.is_masked[:, :W] &= ~revealed
+        self.revealed_by[:, :W] = torch.where(revealed, self.forwards, self.revealed_by[:, :W])
+        revealed_all[:, :W] = revealed
+        return revealed_all
+
+    def finish_blocks(self, candidates):
+        """Rows among candidates whose block is complete (no mask left, or a stop token with every
+        slot before it revealed) make it their pending tokens and start the next block."""
+        complete = stop_reached(self.block, self.is_masked, self.stop) | ~self.is_masked.any(1)
+        complete = [b for b in candidates if complete[b]]
+        if not complete:
+            return
+        blocks, revealed_by = self.block[complete].tolist(), self.revealed_by[complete].tolist()
+        if self.q is not None:
+            self.q_pending[complete] = self.q[complete, 1:]
+        for b, block, by in zip(complete, blocks, revealed_by):
+            block = block[:self.kb[b]]
+            n_keep = next((i for i, t in enumerate(block) if t in self.settings.stop_ids),
+                          len(block) - 1)
+            self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], by[:self.kb[b]]
+            self.new_block(b)
+
+    def step_record(self, revealed, checks, rejected, active):
+        """The Step of one forward, for the step view: each row's block after it (empty for a row
+        that only checked or whose new block was dropped), what it revealed, and its Check."""
+        tokens, shown = [], []
+        for b in range(len(self.out)):
+            kb = self.kb[b] if b in active and not rejected[b] else 0
+            tokens.append(self.block[b, :kb].cpu().clone())
+            shown.append(revealed[b, :kb].cpu())
+        return Step(list(self.block_start), tokens, shown, checks)
 
 
 def wasted(revealed_by, n_ok):
@@ -299,49 +350,6 @@ def wasted(revealed_by, n_ok):
     after the kept slots 0..n_ok (a rejected draft, or a slot cut after the stop token)."""
     every = {f for f in revealed_by if f >= 0}
     return len(every - {f for f in revealed_by[:n_ok + 1] if f >= 0})
-
-
-def draft(rows, logits, drafting, generator):
-    """The reveal rule on the rows still drafting; logits (B, W, V) of the first W block slots.
-    -> revealed (B, K) bool."""
-    s, W = rows.settings, logits.size(1)
-    masked = rows.is_masked[:, :W] & drafting[:, None]
-    revealed_all = torch.zeros_like(rows.is_masked)
-    if not masked.any():
-        return revealed_all
-    if s.temperature == 0:
-        block, revealed = reveal_step(logits, rows.block[:, :W], masked, s, generator)
-    else:  # keep each draw's distribution q for the acceptance rule
-        logits = suppress_mask(logits, s.mask_id)
-        q = F.softmax(filter_logits(logits, s.temperature, s.top_k, s.top_p), dim=-1)  # (B, W, V)
-        revealed = REVEAL_RULES[s.rule](F.softmax(logits.float(), dim=-1), masked, s.gamma)
-        block = torch.where(revealed, sample(q, generator), rows.block[:, :W])
-        rows.q[:, :W] = torch.where(revealed[..., None], q, rows.q[:, :W])
-    rows.block[:, :W] = block
-    rows.is_masked[:, :W] &= ~revealed
-    rows.revealed_by[:, :W] = torch.where(revealed, rows.forwards, rows.revealed_by[:, :W])
-    revealed_all[:, :W] = revealed
-    return revealed_all
-
-
-def finish_blocks(rows, candidates):
-    """Rows among candidates whose block is complete (no mask left, or a stop token with every
-    slot before it revealed) make it their pending tokens and start the next block."""
-    stop = torch.tensor(rows.settings.stop_ids, dtype=torch.long, device=rows.block.device)
-    prefix_revealed = rows.is_masked.cumsum(dim=1) == 0  # (B, K)
-    complete = (torch.isin(rows.block, stop) & prefix_revealed).any(1) | ~rows.is_masked.any(1)
-    complete = [b for b in candidates if complete[b]]
-    if not complete:
-        return
-    blocks, revealed_by = rows.block[complete].tolist(), rows.revealed_by[complete].tolist()
-    if rows.q is not None:
-        rows.q_pending[complete] = rows.q[complete, 1:]
-    for b, block, by in zip(complete, blocks, revealed_by):
-        block = block[:rows.kb[b]]
-        n_keep = next((i for i, t in enumerate(block) if t in rows.settings.stop_ids),
-                      len(block) - 1)
-        rows.pending[b], rows.pending_revealed_by[b] = block[:n_keep + 1], by[:rows.kb[b]]
-        rows.new_block(b)
 
 
 @torch.inference_mode()
@@ -358,62 +366,53 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    B, K, mask_id = prompt.size(0), settings.k, settings.mask_id
-    cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * K), B)
+    B, device = prompt.size(0), prompt.device
+    cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), B)
     _, prefill_info = prefill(model, prompt, cache)
-    rows = Rows(prompt, settings, max_new_tokens)
-    if settings.temperature > 0:
-        V = model.config.vocab_size
-        rows.q = torch.zeros(B, K, V, device=prompt.device)
-        rows.q_pending = torch.zeros(B, K - 1, V, device=prompt.device)
+    rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size)
     widths, steps = [], [] if record_steps else None
     while not all(rows.done):
-        n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
-        # block slots fed: none in a forward that only checks, nor for a 1-slot block being
-        # committed into (its one token comes from the causal logits)
-        fed = [0 if done or n and kb == 1 else kb
-               for done, n, kb in zip(rows.done, n_prev, rows.kb)]
-        P, W = max(n_prev), max(fed)
-        pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
-                                for p, n in zip(rows.pending, n_prev)], dtype=torch.long,
-                               device=prompt.device)
-        alike = len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1
-        if alike:  # every row the same shape (always at batch 1): no padding, generate.py's mask
-            tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W)
-            logits = hybrid_forward(model, cache, tokens, P)
-        else:
-            tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
-            logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
-        for b in range(B):
-            cache.forget(b, P - n_prev[b])  # the padding was committed with the pending tokens
-            rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])
-        widths.append(P + W)
+        logits, pending, n_prev, fed = lockstep_forward(model, cache, rows)
+        P = pending.size(1)
+        widths.append(logits.size(1))
         active = [b for b in range(B) if not rows.done[b] and rows.kb[b]]  # drafting before checks
-        checks, rejected, first = check_pending(rows, cache, pending, logits[:, :P], n_prev,
-                                                generator)
+        checks, rejected, first = rows.check(cache, pending, logits[:, :P], n_prev, generator)
         drafting = [b in active and not rows.done[b] and not rejected[b] and fed[b] > 0
                     for b in range(B)]
-        drafting = torch.tensor(drafting, device=prompt.device)
-        revealed = draft(rows, logits[:, P:], drafting, generator)
-        revealed[:, 0] |= torch.tensor(first, device=prompt.device)
+        drafting = torch.tensor(drafting, device=device)
+        revealed = rows.draft(logits[:, P:], drafting, generator)
+        revealed[:, 0] |= torch.tensor(first, device=device)
         rows.forwards += drafting[:, None]
         if record_steps:
-            steps.append(step_record(rows, revealed, checks, rejected, active))
-        finish_blocks(rows, [b for b in active if not rows.done[b] and not rejected[b]])
+            steps.append(rows.step_record(revealed, checks, rejected, active))
+        rows.finish_blocks([b for b in active if not rows.done[b] and not rejected[b]])
     stats = DecodeStats(tokens=[len(out) for out in rows.out], widths=widths, steps=steps,
                         wall_time=time.perf_counter() - t0, **rows.stats, **prefill_info)
     return rows.out, stats
 
 
-def step_record(rows, revealed, checks, rejected, active):
-    """The Step of one forward, for the step view: each row's block after it (empty for a row
-    that only checked or whose new block was dropped), what it revealed, and its Check."""
-    tokens, shown = [], []
-    for b in range(len(rows.out)):
-        kb = rows.kb[b] if b in active and not rejected[b] else 0
-        tokens.append(rows.block[b, :kb].cpu().clone())
-        shown.append(revealed[b, :kb].cpu())
-    return Step(list(rows.block_start), tokens, shown, checks)
+def lockstep_forward(model, cache, rows):
+    """One forward of every row's pending tokens and block, padded to the widest row.
+    -> (logits (B, P + W, V), pending (B, P), n_prev and fed: per row, its pending tokens and the
+    block slots it fed)."""
+    n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
+    # block slots fed: none in a forward that only checks, nor for a 1-slot block being committed
+    # into (its one token comes from the causal logits)
+    fed = [0 if done or n and kb == 1 else kb for done, n, kb in zip(rows.done, n_prev, rows.kb)]
+    P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id
+    pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
+                            for p, n in zip(rows.pending, n_prev)], dtype=torch.long,
+                           device=rows.block.device)
+    if len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1
+        tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W): no padding
+        logits = hybrid_forward(model, cache, tokens, P)
+    else:
+        tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
+        logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
+    for b in range(len(n_prev)):
+        cache.forget(b, P - n_prev[b])  # the padding was committed with the pending tokens
+        rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])
+    return logits, pending, n_prev, fed
 
 
 def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None,

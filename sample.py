@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from configurator import ConfigError, configure, pick_device, resolve_dtype
+from configurator import ConfigError, configure, pick_device, require, resolve_dtype
 from exact import decode
 from generate import format_steps
 from model import load_checkpoint
@@ -52,8 +52,13 @@ dtype = "float32"  # 'bfloat16' or 'auto' (bf16 where native): faster, and bf16 
 configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
-if mode not in ("sbd", "ntp", "both"):
-    raise ConfigError(f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
+require(mode in ("sbd", "ntp", "both"), f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
+require(gamma >= 0 or gamma == -1, f"gamma must be >= 0, or -1 for the calibrated one; got {gamma}")
+require(k >= 0, f"k must be >= 1, or 0 for the calibrated one; got {k}")
+require(top_k >= 0, f"top_k must be >= 1, or 0 for all tokens; got {top_k}")
+require(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
+require(max_new_tokens >= 1 and num_samples >= 1,
+        f"max_new_tokens and num_samples must be >= 1, got {max_new_tokens} and {num_samples}")
 device = pick_device(device)
 torch.manual_seed(seed)
 task = None

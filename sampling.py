@@ -47,9 +47,10 @@ class DecodeSettings:
                               f"choose one of {sorted(REVEAL_RULES)}")
         if self.mask_id in self.stop_ids:
             raise ConfigError(f"mask id {self.mask_id} cannot also be a stop token")
-        if self.temperature < 0 or self.top_k is not None and self.top_k < 1:
-            raise ConfigError("need temperature >= 0 and top_k >= 1, "
-                              f"got {self.temperature}, {self.top_k}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k must be at least 1 (None: all tokens), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.exact and self.temperature > 0 and self.rule != "left":
@@ -212,18 +213,23 @@ def next_token(causal_logits, settings, generator=None):
     return pick_tokens(logits, s.temperature, s.top_k, generator, s.top_p)
 
 
-def reveal_step(logits, block, is_masked, settings, generator=None):
+def reveal_step(logits, block, is_masked, settings, generator=None, with_q=False):
     """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool).
 
     Tokens are chosen from the logits with the mask token removed; which of them to reveal is
     decided on the temperature-1 model distribution, whatever the sampling temperature.
+    with_q=True also returns q (B, k, V), the distribution each token was drawn from (None at
+    temperature 0): exact SBD's acceptance rule needs it.
     """
     s = settings
     logits = suppress_mask(logits, s.mask_id)
-    tokens = pick_tokens(logits, s.temperature, s.top_k, generator, s.top_p)  # (B, k)
+    q = None if s.temperature == 0 else F.softmax(filter_logits(logits, s.temperature, s.top_k,
+                                                                s.top_p), dim=-1)
+    tokens = logits.argmax(-1) if q is None else sample(q, generator)  # (B, k): pick_tokens
     probs = F.softmax(logits.float(), dim=-1)  # (B, k, V)
     revealed = REVEAL_RULES[s.rule](probs, is_masked, s.gamma)  # (B, k)
-    return torch.where(revealed, tokens, block), revealed
+    block = torch.where(revealed, tokens, block)
+    return (block, revealed, q) if with_q else (block, revealed)
 
 
 # -----------------------------------------------------------------------------

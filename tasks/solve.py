@@ -128,3 +128,7 @@ def solve(model, task, problems, settings, ntp=False, batch_size=250):
 
 def mode_name(settings):
     return "exact SBD" if settings.exact else "SBD"
+
+
+def tokens_per_forward(r):
+    return r["tokens"] / max(r["forwards"], 1)

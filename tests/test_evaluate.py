@@ -9,6 +9,8 @@ import pytest
 
 import evaluate
 import report.seeds as seeds
+import report.summary as summary
+import report.sweep as sweep_picture
 
 
 def sweep(*points):
@@ -35,7 +37,7 @@ def test_row_keys_drop_the_gamma_values():
              "SBD k=8 γ_high: no γ within 2.0 points on val": "SBD k=8 γ_high",
              "SBD exact k=16 γ=1e+09": "SBD exact k=16"}
     for name, key in names.items():
-        assert evaluate.row_key(name) == key
+        assert summary.row_key(name) == key
 
 
 def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
@@ -64,7 +66,7 @@ def test_seed_summary_is_mean_min_max_per_row(tmp_path, capsys):
 
 
 def hand_made_curves():
-    """evaluate.curves' layout: k=8 with a choice and a cliff, k=16 lossless to the end."""
+    """sweep_picture.curves' layout: k=8 with a choice and a cliff, k=16 lossless to the end."""
     return {8: dict(low=1e-3, high=2e-3, exact=6.5,
                     points=[(3e-4, 99.8, 2.0), (1e-3, 99.6, 4.0), (2e-3, 98.5, 6.0),
                             (1e9, 80.0, 7.5)]),
@@ -74,7 +76,7 @@ def hand_made_curves():
 
 def test_sweep_picture_is_written_with_matplotlib(tmp_path):
     pytest.importorskip("matplotlib")
-    path = evaluate.plot_sweep(hand_made_curves(), 99.9, 0.5, str(tmp_path / "sweep.png"))
+    path = sweep_picture.plot_sweep(hand_made_curves(), 99.9, 0.5, str(tmp_path / "sweep.png"))
     assert path and (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -88,6 +90,7 @@ def test_sweep_picture_without_matplotlib_says_how_to_get_it(tmp_path, monkeypat
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    assert evaluate.plot_sweep(hand_made_curves(), 99.9, 0.5, str(tmp_path / "sweep.png")) is None
+    path = str(tmp_path / "sweep.png")
+    assert sweep_picture.plot_sweep(hand_made_curves(), 99.9, 0.5, path) is None
     assert "pip install matplotlib" in capsys.readouterr().out
     assert not (tmp_path / "sweep.png").exists()

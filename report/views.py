@@ -1,0 +1,67 @@
+"""
+What evaluate.py shows besides Table 1: the wall clock of NTP, SBD and exact SBD decoding one
+problem at a time, and one problem decoded step by step (the paper's Figure 2b).
+"""
+
+import torch
+
+from exact import decode
+from generate import format_steps
+from tasks.solve import mode_name, new_tokens, solve
+
+
+def wall_clock(ntp_model, sbd_model, task, base, calibration, k, k_exact, n):
+    """Seconds to decode the first n test problems one at a time: NTP, SBD at k's γ_low (k None:
+    no γ_low on val), exact SBD at k_exact."""
+    problems = task.splits["test"][:n]
+    wall = {"ntp": solve(ntp_model, task, problems, base, ntp=True, batch_size=1)["seconds"]}
+    parts = [f"NTP {wall['ntp']:.2f} s"]
+    if k is not None:
+        g = calibration[k]["low"]
+        settings = base.replace(k=k, gamma=g)
+        wall["sbd"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
+        parts.append(f"SBD k={k} γ={g:g} {wall['sbd']:.2f} s ({wall['ntp'] / wall['sbd']:.2f}x)")
+    g = calibration[k_exact]["exact"]
+    settings = base.replace(k=k_exact, gamma=g, exact=True)
+    wall["exact"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
+    parts.append(f"exact SBD k={k_exact} γ={g:g} {wall['exact']:.2f} s "
+                 f"({wall['ntp'] / wall['exact']:.2f}x)")
+    print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache "
+          "all): " + ", ".join(parts))
+    return wall
+
+
+def step_views(sbd_model, task, base, calibration, k, k_exact):
+    """One test problem step by step at k's γ_low (plain; k None: none), and a problem where the
+    exact mode at k_exact rejected a draft."""
+    device = next(sbd_model.parameters()).device
+    views = [base.replace(k=k, gamma=calibration[k]["low"])] if k is not None else []
+    views.append(base.replace(k=k_exact, gamma=calibration[k_exact]["exact"], exact=True))
+    for settings in views:
+        for prompt, _ in task.splits["test"][:50]:
+            ids = torch.tensor([task.encode_prompt(prompt)], device=device)
+            n = new_tokens(task, sbd_model, ids.size(1))
+            _, stats = decode(sbd_model, ids, settings, n, record_steps=True)
+            if not settings.exact or stats.rejected[0]:  # show where exact had something to correct
+                break
+        legend = (", ~x~ = rejected drafts, {y} = NTP's token in their place" if settings.exact
+                  else "")
+        print(f"\none test problem, {mode_name(settings)} k={settings.k} "
+              f"γ={settings.gamma:g}, step by step "
+              f"([x] = revealed by that forward, _ = masked{legend}):")
+        print(format_steps(stats.steps, task.decode, task.mask_id, prompt=prompt))
+
+
+def fp32_identity(ntp_model, sbd_model, task, base, calibration, n, batch_size, exact_batch_size):
+    """The exact mode's promise where rounding cannot break ties differently: on the first n test
+    problems, in fp32, exact SBD's completions must equal the SBD model's NTP decoding."""
+    problems = task.splits["test"][:n]
+    ntp = solve(sbd_model, task, problems, base, ntp=True, batch_size=batch_size)["completions"]
+    result = {}
+    for k, c in calibration.items():
+        settings = base.replace(k=k, gamma=c["exact"], exact=True)
+        out = solve(sbd_model, task, problems, settings, batch_size=exact_batch_size)["completions"]
+        result[str(k)] = same = sum(a == b for a, b in zip(out, ntp))
+        print(f"fp32 check, exact SBD k={k}: completions identical to NTP decoding on {same} of "
+              f"{len(problems)} test problems")
+    return dict(problems=len(problems), identical=result)
