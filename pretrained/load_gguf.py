@@ -1,15 +1,17 @@
 """
-Load a llama.cpp GGUF file of a Llama-architecture model into model.Llama, with its tokenizer: a
-real pretrained model small enough to SBD-fine-tune on a CPU (SmolLM2-135M-Instruct, find_smollm2).
+Load a llama.cpp GGUF file of a Llama-architecture model (general.architecture "llama") or of
+Qwen-3 ("qwen3") into model.Llama, with its tokenizer: a real pretrained model small enough to
+SBD-fine-tune on a CPU (SmolLM2-135M-Instruct, find_smollm2).
 
     model, info = load_gguf(find_smollm2())  # info["tokenizer"]: a tokenizer.GGUFTokenizer
 
 Reading GGUF needs the `gguf` package (llama.cpp's reader, numpy only): pip install gguf. It is
 imported only when a file is read, so the rest of the project does not depend on it.
 
-- The config comes from the llama.* metadata; a key we do not know, or a setting model.Llama cannot
-  represent (another architecture, rope scaling other than Llama 3.1's, partial rotary, experts),
-  is an error rather than a silently different model.
+- The config comes from the llama.* (qwen3.*) metadata; a key we do not know, or a setting
+  model.Llama cannot represent (another architecture, rope scaling other than Llama 3.1's, partial
+  rotary, experts), is an error rather than a silently different model. Qwen-3 states its head
+  width as attention.key_length and holds blk.N.attn_q_norm / attn_k_norm (LlamaConfig.qk_norm).
 - GGUF lists a tensor's shape innermost first (token_embd [576, 49152]); the data is row-major over
   the reversed list, which is torch's (49152, 576).
 - Every tensor is dequantized to float32 by gguf.quants.dequantize (F32, F16, BF16, Q8_0, Q4_0,
@@ -19,7 +21,9 @@ imported only when a file is read, so the rest of the project does not depend on
   halves into Meta's interleaved pairs (load_llama.hf_unpermute; "HF models permute some of the
   tensors, so we need to undo that"). So a Llama GGUF holds q/k in model.apply_rotary's own layout
   and they are copied unchanged. tests/test_gguf.py builds a GGUF from an HF-layout checkpoint the
-  converter's way and checks its logits against load_llama's.
+  converter's way and checks its logits against load_llama's. Qwen-3's converter (Qwen2Model)
+  permutes nothing, since llama.cpp turns Qwen's heads in HF's rotate_half pairs: its q/k rows and
+  q/k norm weights are permuted on loading as an HF checkpoint's are (load_llama.unpermute_qk).
 - Tied embeddings: a file without output.weight uses token_embd as the head, as llama.cpp does.
 - Llama 3.1 rope scaling: the converter writes no metadata for it but a rope_freqs.weight tensor
   of per-frequency divisors; we accept it when it equals Llama 3.1's rule for its factor.
@@ -37,12 +41,13 @@ import torch
 
 from configurator import ConfigError
 from model import Llama, LlamaConfig, rope_frequencies
-from pretrained.load_llama import assign_weights, check_state_dict
+from pretrained.load_llama import assign_weights, check_state_dict, unpermute_qk
 from pretrained.tokenizer import GGUFTokenizer
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_GGUF = "reading GGUF files needs the gguf package: pip install gguf"
 
+ARCHITECTURES = ("llama", "qwen3")  # general.architecture, also the prefix of the keys below
 # llama.* metadata -> LlamaConfig field (llama.cpp's keys); all must be in the file but the three
 # with defaults (llama.cpp's): no head_count_kv means head_count, no vocab_size the token count
 GGUF_CONFIG = {"embedding_length": "dim", "block_count": "n_layers",
@@ -63,7 +68,8 @@ GGUF_LAYER_NAMES = {"attn_norm": "attention_norm", "attn_q": "attention.wq",
                     "attn_k": "attention.wk", "attn_v": "attention.wv",
                     "attn_output": "attention.wo", "ffn_norm": "ffn_norm",
                     "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3",
-                    "ffn_down": "feed_forward.w2"}
+                    "ffn_down": "feed_forward.w2", "attn_q_norm": "attention.q_norm",
+                    "attn_k_norm": "attention.k_norm"}  # the last two: Qwen-3's
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1 scaling, as llama.cpp's converter writes it
 
 
@@ -110,15 +116,17 @@ def read_metadata(reader):
 
 
 def config_from_gguf(meta, tensor_names, path, rope_freqs=None):
-    """llama.* metadata -> LlamaConfig; what model.Llama cannot represent exactly is an error."""
+    """llama.* (qwen3.*) metadata -> LlamaConfig; what model.Llama cannot represent exactly is an
+    error."""
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"{path}: general.architecture is {arch!r}; only 'llama' is supported")
-    llama = {k[len("llama."):]: v for k, v in meta.items() if k.startswith("llama.")}
+    if arch not in ARCHITECTURES:
+        raise ConfigError(f"{path}: general.architecture is {arch!r}; only 'llama' and 'qwen3' are "
+                          "supported")
+    llama = {k[len(arch) + 1:]: v for k, v in meta.items() if k.startswith(f"{arch}.")}
     unknown = sorted(set(llama) - set(GGUF_CONFIG) - GGUF_CHECKED)
-    problems = [f"unknown key 'llama.{k}'" for k in unknown]
+    problems = [f"unknown key '{arch}.{k}'" for k in unknown]
     absent = sorted(set(GGUF_CONFIG) - set(llama) - set(GGUF_DEFAULTS))
-    problems += [f"no 'llama.{k}'" for k in absent]
+    problems += [f"no '{arch}.{k}'" for k in absent]
     if problems:
         raise ConfigError(f"{path}: unsupported GGUF metadata: {'; '.join(problems)}")
     kw = {ours: llama.get(k, GGUF_DEFAULTS.get(k)) for k, ours in GGUF_CONFIG.items()}
@@ -126,28 +134,33 @@ def config_from_gguf(meta, tensor_names, path, rope_freqs=None):
     for key in ("norm_eps", "rope_theta"):  # float32 in the file: 1e-5 reads as 9.9999997e-06,
         kw[key] = float(str(np.float32(kw[key])))  # the shortest decimal of that float32 is 1e-05
     kw["vocab_size"] = kw["vocab_size"] or len(meta.get("tokenizer.ggml.tokens", []))
+    if arch == "qwen3":  # Qwen-3 states its head width (llama.cpp's default: dim / heads)
+        kw["head_size"] = llama.get("attention.key_length", kw["dim"] // kw["n_heads"])
     for key, value in kw.items():
         if key not in ("norm_eps", "rope_theta") and (type(value) is not int or value <= 0):
             raise ConfigError(f"{path}: {key} must be a positive integer, got {value!r}")
-    config = LlamaConfig(**kw, use_scaled_rope=False,
+    config = LlamaConfig(**kw, use_scaled_rope=False, qk_norm=arch == "qwen3",
                          tie_word_embeddings="output.weight" not in tensor_names)
-    check_rope(config, llama, path)
+    check_rope(config, llama, path, arch)
     if rope_freqs is not None:
         config = llama31_rope(config, llama, rope_freqs, path)
     return config
 
 
-def check_rope(config, llama, path):
+def check_rope(config, llama, path, arch="llama"):
     """The keys that must agree with model.Llama: whole-head rotary, one K/V head size, no experts,
     and no rope scaling stated in metadata (Llama 3.1's comes as a tensor, see llama31_rope)."""
     expected = {"rope.dimension_count": config.head_dim, "attention.key_length": config.head_dim,
                 "attention.value_length": config.head_dim, "expert_count": 0,
                 "expert_used_count": 0, "rope.scaling.type": "none", "rope.scaling.factor": 1.0}
-    wrong = [f"llama.{k} = {llama[k]!r} (model.Llama needs {v!r})"
+    wrong = [f"{arch}.{k} = {llama[k]!r} (model.Llama needs {v!r})"
              for k, v in expected.items() if k in llama and llama[k] != v]
+    if config.head_dim % 2:
+        wrong.append(f"head width {config.head_dim} (rotary turns pairs: need an even one)")
     if wrong:
         raise ConfigError(f"{path}: unsupported GGUF settings: {'; '.join(wrong)}")
-    if config.n_heads % config.n_kv_heads or config.dim % config.n_heads:
+    derived_width = config.head_size is None  # Llama's head width is dim / heads
+    if config.n_heads % config.n_kv_heads or derived_width and config.dim % config.n_heads:
         raise ConfigError(f"{path}: {config.n_heads} heads do not split dim {config.dim} or "
                          f"{config.n_kv_heads} K/V heads evenly")
 
@@ -225,6 +238,8 @@ def load_gguf(path, device="cpu", dtype=None):
         state_dict[name] = dequantize(t, path).to(dtype or torch.float32)  # one tensor at a time
     if config.tie_word_embeddings:
         state_dict["output.weight"] = state_dict["tok_embeddings.weight"]
+    if config.qk_norm:  # Qwen-3: HF's rotate_half rows, as its converter leaves them
+        unpermute_qk(state_dict, config)
     model = assign_weights(model, state_dict, device, dtype)
     info = dict(format="gguf", path=os.path.abspath(path), weights_dir=os.path.dirname(path),
                 tokenizer_path=os.path.abspath(path), tokenizer=tokenizer, metadata=meta)

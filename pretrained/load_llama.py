@@ -663,9 +663,11 @@ def load_llama(ckpt_dir, device="cpu", dtype=None, strict_config=False):
 
 
 def find_tokenizer(ckpt_dir):
-    """ckpt_dir/tokenizer.model or ckpt_dir/original/tokenizer.model (HF repos), else None."""
+    """ckpt_dir/tokenizer.model or ckpt_dir/original/tokenizer.model (HF repos of Llama 3), else
+    ckpt_dir/tokenizer.json (HF repos without Meta's file: Qwen-3, SmolLM2), else None."""
     paths = [os.path.join(ckpt_dir, "tokenizer.model"),
-             os.path.join(ckpt_dir, "original", "tokenizer.model")]
+             os.path.join(ckpt_dir, "original", "tokenizer.model"),
+             os.path.join(ckpt_dir, "tokenizer.json")]
     return next((p for p in paths if os.path.exists(p)), None)
 
 

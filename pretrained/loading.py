@@ -4,7 +4,8 @@ Pretrained Llama-family models as people download them, and what evaluate.py com
     model, tokenizer = load_pretrained("SmolLM2-135M-Instruct.Q4_1.gguf")   # a GGUF file
     model, tokenizer = load_pretrained("Meta-Llama-3.1-8B-Instruct")         # Meta or HF layout
 
-A Llama 3 directory loads through load_llama.py with its tokenizer.model; a GGUF file through
+A Llama 3 directory loads through load_llama.py with its tokenizer.model; a directory without one
+(Qwen-3's, in HF's layout) with its tokenizer.json (hf_tokenizer.py); a GGUF file through
 load_gguf.py with the tokenizer in its metadata (pip install gguf). A train.py checkpoint records
 its tokenizer as tokenizer.info, and tokenizer_of rebuilds it. load_run loads an SBD-tuned run,
 its NTP baseline and a JSONL benchmark for evaluate.report:
@@ -21,6 +22,7 @@ import torch
 
 from configurator import ConfigError, resolve_dtype
 from model import load_checkpoint
+from pretrained.hf_tokenizer import HFTokenizer
 from pretrained.load_llama import load_llama
 from pretrained.tokenizer import CharTokenizer, Llama3Tokenizer
 from tasks import BenchmarkTask
@@ -41,8 +43,8 @@ def pretrained_path(name):
 
 
 def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
-    """A Llama 3 directory, a GGUF file or 'smollm2' (pretrained_path) -> (model.Llama in eval
-    mode, its tokenizer; None for a directory without tokenizer.model if not need_tokenizer)."""
+    """A Llama 3 or Qwen-3 directory, a GGUF file or 'smollm2' (pretrained_path) -> (model.Llama
+    in eval mode, its tokenizer; None for a directory without a tokenizer if not need_tokenizer)."""
     path = pretrained_path(path)
     if str(path).endswith(".gguf"):
         from pretrained.load_gguf import load_gguf  # needs the optional gguf package
@@ -52,8 +54,11 @@ def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
     model, info = load_llama(path, device, dtype)
     if info["tokenizer_path"] is None:
         if need_tokenizer:
-            raise ConfigError(f"{path}: no tokenizer.model next to the weights (or in original/)")
+            raise ConfigError(f"{path}: no tokenizer.model (here or in original/) and no "
+                              "tokenizer.json next to the weights")
         return model.eval(), None
+    if info["tokenizer_path"].endswith(".json"):  # the spare embedding rows may hold SBD's mask
+        return model.eval(), HFTokenizer(info["tokenizer_path"], model.config.vocab_size)
     return model.eval(), Llama3Tokenizer(info["tokenizer_path"])
 
 
@@ -68,6 +73,8 @@ def tokenizer_of(info):
         from pretrained.load_gguf import load_gguf_tokenizer
 
         return load_gguf_tokenizer(info["path"])
+    if info["kind"] == "hf":
+        return HFTokenizer(info["path"], info["n_rows"])
     return Llama3Tokenizer(info["path"])
 
 

@@ -237,9 +237,10 @@ class GGUFTokenizer(ByteLevelBPE):
       tests/test_gguf_tokenizer.py and checks/smollm2_vs_transformers.py found no such case.
     - The split regex is llama.cpp's for the file's pre-tokenizer (PRE_TOKENIZERS).
     - Other token types (CONTROL, USER_DEFINED, ...) are special tokens.
-    - mask_id (SBD) is <empty_output> (16) when the file has it, else None. SmolLM2's ids 5 and
-      7-16 share one embedding row (to Q8_0 rounding): they never occurred in training, and a chat
-      never uses them. Reusing one keeps the 49152-row vocabulary and the tied head as they are.
+    - mask_id (SBD) is <empty_output> (16) when the file has it, else the first UNUSED token (the
+      converter's [PAD151669] for Qwen-3's embedding rows past its tokens), else None. SmolLM2's
+      ids 5 and 7-16 share one embedding row (to Q8_0 rounding): they never occurred in training,
+      and a chat never uses them. Reusing one keeps the vocabulary and the tied head as they are.
     """
 
     def __init__(self, metadata, name="gguf"):
@@ -257,7 +258,8 @@ class GGUFTokenizer(ByteLevelBPE):
         self.bos_id = metadata.get("tokenizer.ggml.bos_token_id")
         self.eos_id = metadata.get("tokenizer.ggml.eos_token_id")
         self.pad_id = metadata.get("tokenizer.ggml.padding_token_id")
-        self.mask_id = special.get(MASK_TOKEN)
+        unused = [i for i, kind in enumerate(types) if kind == TOKEN_UNUSED]
+        self.mask_id = special.get(MASK_TOKEN, unused[0] if unused else None)
         template = metadata.get("tokenizer.chat_template")
         self.default_system, self.chat_problem = parse_chatml(template)
         # Qwen's tokenizer.json puts text in Unicode's NFC before splitting: the model saw that
