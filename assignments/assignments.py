@@ -14,9 +14,16 @@ tests:     pytest node ids, run from the repository root: a whole test function 
            parametrized cases) or one case ("...[gpt-tiny]"). Assignments 3 and 5 grade on the GPT
            cases only, because the Llama cases need assignment 6 (RoPE); assignment 6 grades the
            Llama cases.
-points:    split equally over the listed tests; a test with several cases earns its share in
-           proportion to the cases it passes. Experiments (kind "experiment") are written up and
-           graded by hand.
+points:    the assignment's total. Its questions' points are taken first; the rest is split
+           equally over the listed tests, and a test with several parametrized cases earns its
+           share in proportion to the cases it passes. Experiments (kind "experiment") are written
+           up and graded by hand.
+questions: QUESTIONS below, the graded questions of an implementation assignment (its
+           write-up's "## Graded questions"): id "N.i", points, the answer's kind ("ints": a list
+           of integers; "numbers:D": a list of numbers rounded to D decimals), a salt and the
+           digest of the canonical answer (grade.py's digest(); the answers are not stored here).
+           The student answers in answers.toml; answers_reference.toml (staff only) holds the
+           reference's.
 writeup:   the assignment's text. For an implementation assignment CI checks it against this list
            and the code: the title line's points, one ```python block under "## What to write"
            with every function's exact signature and a docstring of shapes, "N tests (M cases)" as
@@ -71,7 +78,8 @@ ASSIGNMENTS = [
         number=4, title="Reveal rules: EB-Sampler and the factor rule", kind="implementation",
         points=15, builds_on=[], writeup="04_reveal_rules.md",
         functions=["sampling.py:entropy", "sampling.py:entropy_bound", "sampling.py:reveal_entropy",
-                   "sampling.py:reveal_confidence", "sampling.py:reveal_factor"],
+                   "sampling.py:reveal_confidence", "sampling.py:reveal_left",
+                   "sampling.py:reveal_factor"],
         tests=[
             "tests/test_assignment_4.py::test_entropy_of_known_distributions",
             "tests/test_assignment_4.py::test_entropy_bound_by_hand",
@@ -85,12 +93,13 @@ ASSIGNMENTS = [
             "tests/test_samplers.py::test_batch_rows_are_independent",
             "tests/test_samplers.py::test_rules_take_float32",
             "tests/test_samplers.py::test_block_sampler_reveals_on_the_temperature_one_distribution",
+            "tests/test_assignment_4.py::test_left_rule_matches_by_hand",
         ]),
     dict(
         number=5, title="Block decoding (Algorithms 2 and 3)", kind="implementation", points=20,
         builds_on=[1, 2, 3, 4], writeup="05_block_decoding.md",
-        functions=["generate.py:block_forward", "generate.py:decode_block",
-                   "generate.py:sbd_generate"],
+        functions=["generate.py:hybrid_forward", "generate.py:block_forward",
+                   "generate.py:decode_block", "generate.py:sbd_generate"],
         tests=[
             "tests/test_training.py::test_training_forward_equals_decoding_forward[4-gpt-tiny]",
             "tests/test_training.py::test_training_forward_equals_decoding_forward[5-gpt-tiny]",
@@ -156,10 +165,81 @@ ASSIGNMENTS = [
          builds_on=[1, 2, 3, 4, 5], writeup="12_traces.md", functions=[], tests=[]),
 ]
 
+# The graded questions of each implementation assignment (see "questions" above), by assignment
+# number. Each write-up's "## Graded questions" asks them; answers.toml is the student's form.
+QUESTIONS = {
+    1: [
+        dict(id="1.1", points=1, kind="ints", salt="471279249377",
+             digest="16d8ea3495357359d95dbfc2ac80be24"
+                    "5953c12a38ee07de834995d28892f420"),
+        dict(id="1.2", points=1, kind="ints", salt="96186493c1d1",
+             digest="3aa4982cd793518ecbefe177fe47c7b1"
+                    "070d3861a0c1b01b44e0615a11be34ac"),
+        dict(id="1.3", points=1, kind="ints", salt="e416000bb1c1",
+             digest="28a0c326079e8e7bc5371bf29ea312ce"
+                    "a8653b731e1d1b59a67bdd42cc151cf2"),
+    ],
+    2: [
+        dict(id="2.1", points=1, kind="ints", salt="8a9dc8dfa771",
+             digest="1921052d9699cc3b857726afe65ecb5e"
+                    "d4f95917a3ba2a94b5092a2fd36f4166"),
+        dict(id="2.2", points=1, kind="numbers:2", salt="c52a3389f18c",
+             digest="7742e69c8f13fbd282acda88ec9d1ef1"
+                    "cf3db4964b0b21bd33ee42876131dd7e"),
+        dict(id="2.3", points=1, kind="numbers:4", salt="35e4903803ed",
+             digest="1a988e6a86d8060c295659b0c883d43c"
+                    "85a5aac90de46f0e3c8ed2c189d95ed6"),
+    ],
+    3: [
+        dict(id="3.1", points=1, kind="ints", salt="ebd032e0b604",
+             digest="2e54f9184c3dfddcaee18dda9384dd2a"
+                    "83d73fea479ffc7012760d3d781264a8"),
+        dict(id="3.2", points=1, kind="ints", salt="4f88a14cf7d1",
+             digest="4ea975c8977862332d8f4cbbf8a1c9dd"
+                    "1d8df4bea669b0dd33cce44ebf27a007"),
+    ],
+    4: [
+        dict(id="4.1", points=1, kind="ints", salt="400b54ca04ca",
+             digest="66e52b8949741bff6e884b8775c916f0"
+                    "ed2dbff7bb31955f3227bd21184c6fd0"),
+        dict(id="4.2", points=1, kind="ints", salt="09b48533a202",
+             digest="acd3be612dbe961a8001d383811120b2"
+                    "366f98a5b2686013b8eff4b51820b790"),
+        dict(id="4.3", points=1, kind="ints", salt="ec60a9007efc",
+             digest="c32f12d55c029d1ed8a5f8557d753b57"
+                    "3aa4dee80eebe76130c9d922dd1bcd70"),
+    ],
+    5: [
+        dict(id="5.1", points=1, kind="ints", salt="4185aef30630",
+             digest="c142d963e4e96a9bcc9696c075a79f1a"
+                    "a99991b817bf88d3d2bb082b6ae6c1fa"),
+        dict(id="5.2", points=1, kind="numbers:2", salt="7a435ffc94f8",
+             digest="a134138c985c1134d925ee6afd74f93d"
+                    "f7acfdc1e6f849b1a0b150a99dc20206"),
+        dict(id="5.3", points=1, kind="ints", salt="4f70efec0b17",
+             digest="9a360fb20cf1eec26178daf95d5e73e6"
+                    "07c86e3aec73e3195e8f48b1298107b5"),
+        dict(id="5.4", points=1, kind="ints", salt="b011dacbe867",
+             digest="c28f8ce996750fde4eebcfc786cb5eae"
+                    "5d625deb972813440bb6173300c07bd6"),
+    ],
+    6: [
+        dict(id="6.1", points=1, kind="ints", salt="b54b58f2c62e",
+             digest="4a6687c18e6c4b53a1950862f32cf975"
+                    "500b7c75d4b5d2121bc0ef3d41650beb"),
+        dict(id="6.2", points=1, kind="ints", salt="54ec4d15090a",
+             digest="5c764913762b6c4b97b2f62cfb00d2cb"
+                    "e3482981d11664ab8648dcf193882b89"),
+        dict(id="6.3", points=1, kind="numbers:2", salt="f4a8d5a34f25",
+             digest="28495f58c1b1d8338728944ebdc1cdfd"
+                    "52ce4fe2f1de87aea3e48857568d57b9"),
+    ],
+}
+
 # Docstrings for blanked functions that have none in the source: the handout puts this text in its
 # place, so the student still gets a specification. An entry for a function that has a docstring is
 # an error (stale entry).
 SPECS = {}
 
 # Files of the repository that a handout leaves out: checks for course staff, not for students.
-STAFF_ONLY = ["tests/test_assignments.py"]
+STAFF_ONLY = ["tests/test_assignments.py", "assignments/answers_reference.toml"]

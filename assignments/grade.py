@@ -1,24 +1,32 @@
 """
-Grade the implementation assignments: run each one's tests (assignments.py) and print a points
-table.
+Grade the implementation assignments: run each one's tests (assignments.py), check the answers to
+its graded questions, and print a points table.
 
     python assignments/grade.py                      # in a handout: its assignments; else all
     python assignments/grade.py --assignments 4      # only assignment 4
     python assignments/grade.py --json results.json  # also write Gradescope's results.json
+    python assignments/grade.py --answers my.toml    # answers from another file
 
 Works from any directory, in the repository or in a handout: it runs one pytest process per
 assignment in the repository root, found next to this file, at one thread unless OMP_NUM_THREADS
-says otherwise. An assignment's points are split
-equally over its listed tests; a listed test with several parametrized cases earns its share in
-proportion to the cases it passes (a skipped case counts as not passed). List module-level test
-functions: a test inside a class is not found. The JSON has one entry per listed test: {"score",
+says otherwise. A question earns its points when the answer in answers.toml (next to this file,
+or --answers) is right; the rest of an assignment's points are split equally over its listed
+tests, and a listed test with several parametrized cases earns its share in proportion to the cases
+it passes (a skipped case counts as not passed). List module-level test functions: a test inside a
+class is not found. The JSON has one entry per listed test and one per question: {"score",
 "tests": [{"name", "score", "max_score", "output"}]}, plus "execution_time" and each assignment's
 seconds in "extra_data".
-Exit status 0 when every graded test passed, 1 otherwise.
+
+Answers are checked against a salted, slow hash of their canonical form (digest below), so this
+file and assignments.py do not hold them; an answer with few possible values can still be found by
+trying them, so teachers who care limit the submissions.
+Exit status 0 when every graded test passed and every question is answered right, 1 otherwise.
 """
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,10 +34,15 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 
+import tomllib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from assignments import ASSIGNMENTS  # noqa: E402  (the list next to this file)
+from assignments import ASSIGNMENTS, QUESTIONS  # noqa: E402  (the list next to this file)
+
+ANSWERS = os.path.join(HERE, "answers.toml")
+ITERATIONS = 100_000  # pbkdf2 rounds: ~0.05 s per check, slow enough to make guessing cost
 
 
 def cases_of(test, node_ids):
@@ -80,11 +93,62 @@ def run_tests(tests, timeout):
     return cases, output, seconds
 
 
-def grade(assignment, timeout):
+def canonical(kind, value):
+    """An answer as the text its digest is taken of -> str, or None if it is no answer of that
+    kind. kind "ints": a list of integers (or one integer) -> "3,-1,7"; "numbers:D": a list of
+    numbers (or one) rounded to D decimals -> "0.14,-1.00"."""
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                             and math.isfinite(v) for v in values):
+        return None
+    if kind == "ints":
+        if not all(float(v).is_integer() for v in values):
+            return None
+        return ",".join(str(int(v)) for v in values)
+    decimals = int(kind.split(":")[1])
+    return ",".join(f"{round(v, decimals) + 0.0:.{decimals}f}" for v in values)  # + 0.0: no -0
+
+
+def digest(question, text):
+    """The stored check of an answer: pbkdf2-sha256 of its canonical text, salted per question."""
+    salt = f"{question['salt']}:{question['id']}".encode()
+    return hashlib.pbkdf2_hmac("sha256", text.encode(), salt, ITERATIONS).hex()
+
+
+def read_answers(path):
+    """answers.toml -> {"1.1": value}: table [assignment_N], key qI for question N.I. A missing
+    file is no answers."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, "rb") as f:
+        tables = tomllib.load(f)
+    return {f"{table.split('_')[-1]}.{key[1:]}": value for table, keys in tables.items()
+            if table.startswith("assignment_") and isinstance(keys, dict)
+            for key, value in keys.items()}
+
+
+def grade_questions(assignment, answers):
+    """-> Gradescope entries, one per question of the assignment."""
+    entries = []
+    for q in QUESTIONS.get(assignment["number"], []):
+        text = canonical(q["kind"], answers.get(q["id"], []))
+        right = text is not None and digest(q, text) == q["digest"]
+        output = ("right" if right else "not answered (or not a list of numbers)" if text is None
+                  else f"wrong: read as {text}")
+        entries.append(dict(name=f"{assignment['number']}. {assignment['title']}: question "
+                                 f"{q['id']} ({assignment['writeup']})",
+                            score=q["points"] if right else 0.0, max_score=q["points"],
+                            output=output))
+    return entries
+
+
+def grade(assignment, timeout, answers=None):
     """-> dict(number, title, points, max_points, passed, failed, seconds, tests=[Gradescope test
-    entries], failures=[(test, cases passed, cases, first error line)])."""
+    entries], failures=[(test, cases passed, cases, first error line)], questions=(right, of))."""
     cases, output, seconds = run_tests(assignment["tests"], timeout)
-    share = assignment["points"] / len(assignment["tests"])
+    questions = grade_questions(assignment, answers or {})
+    test_points = assignment["points"] - sum(q["max_score"] for q in questions)
+    share = test_points / len(assignment["tests"])
     entries, failures, passed, failed = [], [], 0, 0
     for test in assignment["tests"]:
         mine = {n: cases[n] for n in cases_of(test, cases)}
@@ -100,19 +164,27 @@ def grade(assignment, timeout):
         name = f"{assignment['number']}. {assignment['title']}: {test} ({ok}/{len(mine)} passed)"
         entries.append(dict(name=name, score=share * ok / len(mine) if mine else 0.0,
                             max_score=share, output=text or "passed"))
+    for q in questions:
+        if q["score"] < q["max_score"]:
+            failures.append((q["name"].split(": ", 1)[1], 0, 1, q["output"]))
+    entries += questions
+    right = sum(q["score"] == q["max_score"] for q in questions)
     return dict(number=assignment["number"], title=assignment["title"],
                 max_points=assignment["points"], points=sum(e["score"] for e in entries),
-                passed=passed, failed=failed, seconds=seconds, tests=entries, failures=failures)
+                passed=passed, failed=failed, seconds=seconds, tests=entries, failures=failures,
+                questions=(right, len(questions)))
 
 
 def print_table(results):
-    print(f"{'assignment':52s} {'points':>11s} {'passed':>7s} {'failed':>7s} {'seconds':>8s}")
+    print(f"{'assignment':46s} {'points':>11s} {'passed':>7s} {'failed':>7s} {'questions':>9s} "
+          f"{'seconds':>8s}")
     for r in results:
-        name = f"{r['number']}. {r['title']}"[:52]
-        print(f"{name:52s} {r['points']:5.1f}/{r['max_points']:<5g} {r['passed']:7d} "
-              f"{r['failed']:7d} {r['seconds']:8.1f}")
+        name = f"{r['number']}. {r['title']}"[:46]
+        right, of = r["questions"]
+        print(f"{name:46s} {r['points']:5.1f}/{r['max_points']:<5g} {r['passed']:7d} "
+              f"{r['failed']:7d} {f'{right}/{of}':>9s} {r['seconds']:8.1f}")
     total, most = sum(r["points"] for r in results), sum(r["max_points"] for r in results)
-    print(f"{'total':52s} {total:5.1f}/{most:<5g}")
+    print(f"{'total':46s} {total:5.1f}/{most:<5g}")
     for r in results:
         if r["failures"]:
             print(f"\nassignment {r['number']}, failed (cases passed / cases):")
@@ -137,6 +209,9 @@ if __name__ == "__main__":
                         help="comma-separated numbers, e.g. 4 or 1,2,3")
     parser.add_argument("--json", default=None,
                         help="write Gradescope's results.json format to this file")
+    parser.add_argument("--answers", default=ANSWERS,
+                        help="the answers to the graded questions (default: answers.toml next to "
+                             "this file)")
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds allowed per assignment's tests")
     args = parser.parse_args()
@@ -151,7 +226,8 @@ if __name__ == "__main__":
         if by_number[n]["kind"] != "implementation":
             print(f"assignment {n} is an experiment: written up and graded by hand "
                   f"({by_number[n]['writeup']})")
-    results = [grade(a, args.timeout) for a in chosen]
+    answers = read_answers(args.answers)
+    results = [grade(a, args.timeout, answers) for a in chosen]
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:
@@ -161,4 +237,5 @@ if __name__ == "__main__":
                            extra_data=dict(seconds={r["number"]: round(r["seconds"], 1)
                                                     for r in results})),
                       f, indent=1)
-    sys.exit(0 if all(r["failed"] == 0 for r in results) else 1)
+    sys.exit(0 if all(r["failed"] == 0 and r["questions"][0] == r["questions"][1]
+                      for r in results) else 1)

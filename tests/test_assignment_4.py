@@ -2,12 +2,15 @@
 Assignment 4 (reveal rules), checks beyond test_samplers.py: entropy of distributions whose
 entropy is known exactly (a one-hot row is 0, not nan: 0 * log 0 counts as 0), and the entropy bound
 of Eq. 8 on sorted entropies written with binary fractions, so that every sum is exact and no
-comparison depends on rounding.
+comparison depends on rounding; and the left-to-right rule (reveal_left) against the rule written
+out per row.
 """
 
 import math
 
+import pytest
 import torch
+from test_samplers import entropy_of, random_block, reveal_largest_prefix
 
 import sampling
 
@@ -45,3 +48,26 @@ def test_entropy_bound_by_hand():
     for gamma, accept in expected.items():
         got = sampling.entropy_bound(h_sorted, masked_sorted, gamma)
         assert got.dtype == torch.bool and got.int().tolist() == accept, f"γ = {gamma}"
+
+
+def by_hand_left(probs, masked, gamma):
+    """The bound of Eq. 18 with the masked positions in position order: largest s with
+    H_(1)+..+H_(s) - max(H_(1)..H_(s)) <= γ."""
+    h = [entropy_of(p) for p in probs]
+    order = [i for i in range(len(h)) if masked[i]]
+    first = lambda s: [h[i] for i in order[:s]]  # noqa: E731
+    return reveal_largest_prefix(order, lambda s: sum(first(s)) - max(first(s)) <= gamma)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.05, 0.3, 1.0, 3.0, 1e9])
+def test_left_rule_matches_by_hand(threshold):
+    """reveal_left reveals a prefix of the masked positions in position order (exact sampling
+    needs it: docs/method.md, "Why the reveal order must be left to right")."""
+    for seed in range(3):
+        probs, is_masked = random_block(seed=seed)
+        reveal = sampling.reveal_left(probs, is_masked, threshold)
+        assert reveal.dtype == torch.bool and reveal.shape == is_masked.shape
+        for b in range(probs.size(0)):
+            expected = by_hand_left(probs[b].tolist(), is_masked[b].tolist(), threshold)
+            got = set(torch.nonzero(reveal[b]).flatten().tolist())
+            assert got == expected, f"γ = {threshold}, row {b}: {sorted(got)} != {sorted(expected)}"
