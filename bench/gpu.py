@@ -1,9 +1,9 @@
 """
 Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of the paper's Table 3.
 
-    python bench_gpu.py                     # 8B shapes, random bf16 weights; ~1 min on an H100/H200
-    python bench_gpu.py --bandwidth=3350    # state the GPU's peak memory bandwidth (GB/s) yourself
-    python bench_gpu.py --preset=llama-tiny --device=cpu  # CPU smoke test (tests/test_llama_sbd.py)
+    python -m bench.gpu                   # 8B shapes, random bf16 weights; ~1 min on an H100/H200
+    python -m bench.gpu --bandwidth=3350  # state the GPU's peak memory bandwidth (GB/s) yourself
+    python -m bench.gpu --preset=llama-tiny --device=cpu  # CPU smoke test (tests/test_llama_sbd.py)
 
 1. NTP decoding, batch 1, at KV lengths 1k and 8k: the median time of one 1-token forward through
    the KV cache, as tokens/s, against the memory-bandwidth ceiling. A decode step must read every
@@ -14,9 +14,10 @@ Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of th
 2. The time of a k-token forward on top of the same cache over the 1-token forward,
    k = 1, 2, 4, ..., 64: what SBD pays per forward for predicting k tokens at once (the paper models
    it: 1.004 at k=16, 1.015 at k=64 for FP8 on an H100 at KV length 16; here it is measured, bf16,
-   eager PyTorch). Two columns: the forward itself (the block's keys are written into the cache's
-   spare slots, a view, no copy), and generate.block_forward exactly as decoding runs it (a block is
-   never committed, so KVCache.extend concatenates [cache ; block]: a copy of the cache per layer).
+   eager PyTorch). Two columns: the forward itself, its mask built once outside the timing (the
+   block's keys are written into the cache's spare slots, a view, no copy), and
+   generate.block_forward exactly as decoding runs it (generate.hybrid_forward: the same view, the
+   block never committed, plus what decoding does around the forward, its mask built every time).
    Before the table, the SDPA kernels that accept such a block forward (a boolean mask and
    grouped-query heads: torch's docs say only the flash and math kernels do GQA, and flash takes no
    mask, so a GPU may be left with MATH).
@@ -219,7 +220,8 @@ with torch.inference_mode():
             print(f"KV {L0}: the roofline's 1-token forward "
                   f"{1000 * model_time(1, L0, 1, hw):.3g} ms (measured {t1:.2f} ms)")
 
-        # 2. k tokens in one forward over the same cache, a block attending to the prefix and itself
+        # 2. k tokens in one forward over the same cache, a block attending to the prefix and
+        # itself; by hand, not generate.hybrid_forward: the forward alone, mask built outside timing
         def block_mask(k):
             return dense_mask(lambda q, key: hybrid_mask(q, key, L0), k, L0 + k, query_offset=L0,
                               device=device)

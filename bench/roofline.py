@@ -2,10 +2,10 @@
 The paper's cost model of SBD (appendix A.2, Tables 3-4, Eq. 16), reproduced, and the same model
 with the real shapes of Llama-3.1-8B.
 
-    python roofline.py                        # H100 FP8 as the paper: Tables 3-4, both models
-    python roofline.py --hardware=h200_bf16   # another preset (HARDWARE below)
-    python roofline.py --hardware=custom --peak_tflops=400 --attention_tflops=400 \
-                       --bandwidth_gbs=1000 --weight_bytes=2 --kv_bytes=2   # your own accelerator
+    python -m bench.roofline                       # H100 FP8 as the paper: Tables 3-4, both models
+    python -m bench.roofline --hardware=h200_bf16  # another preset (HARDWARE below)
+    python -m bench.roofline --hardware=custom --peak_tflops=400 --attention_tflops=400 \
+                             --bandwidth_gbs=1000 --weight_bytes=2 --kv_bytes=2  # your own chip
 
 The roofline, for a student. A chip does two things at once: arithmetic (at most `peak` flop/s) and
 moving bytes between memory and the chip (at most `bandwidth` B/s). An operation that needs `flops`
@@ -36,8 +36,8 @@ Two models side by side:
 - `llama31_8b`: Llama-3.1-8B as it is (docs/llama.md): q/o 4096x4096, GQA k/v 4096x1024, SwiGLU
   w1/w3 4096x14336 and w2 14336x4096, 32 layers, the 128256x4096 LM head once per forward, attention
   over cache + block.
-Time in seconds throughout. bench.py (CPU) and bench_gpu.py (GPU) import these formulas and put them
-next to measured times.
+Time in seconds throughout. python -m bench (CPU: bench/cpu_roofline.py, bench/batch.py) and
+python -m bench.gpu (GPU) import these formulas and put them next to measured times.
 """
 
 import sys
@@ -134,7 +134,7 @@ def paper_time(block, kv, bs, hw):
 
 
 # -----------------------------------------------------------------------------
-# the real shapes: one decoder layer, matmul by matmul (Llama-3.1-8B; GPT-2 shapes for bench.py)
+# the real shapes: one decoder layer, matmul by matmul (Llama-3.1-8B; GPT-2 shapes: python -m bench)
 
 
 def attention_cost(block, kv, bs, shape, act_bytes, kv_bytes):

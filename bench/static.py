@@ -7,7 +7,7 @@ The dynamic cache (model.KVCache) attends over the slots filled so far, a view w
 by one each token: a new shape every step. StaticCache attends over the whole buffer every time and
 hides the slots not filled yet with the mask; positions and the slots to write are tensors, not
 Python ints. The tokens are the same as the dynamic path's: tests/test_static.py checks that on a
-CPU (where compiling buys little); bench_gpu.py --static=True times it on a GPU.
+CPU (where compiling buys little); python -m bench.gpu --static=True times it on a GPU.
 
     tokens = static_ntp_generate(model, prompt, max_new_tokens=64, compile=True)
 """
@@ -43,6 +43,7 @@ class StaticCache:
 def step_inputs(cache, first_slot, T, block_start=None):
     """Positions (T,) and mask (T, max_len) of T tokens written from slot first_slot (a 0-dim
     tensor): causal, or with block_start the hybrid mask of a block after a committed prefix."""
+    # generate.hybrid_forward's mask, over the whole buffer: a CUDA graph replays fixed shapes only
     device = first_slot.device
     pos = first_slot + torch.arange(T, device=device)  # (T,)
     kv = torch.arange(cache.max_len, device=device)  # (max_len,)
