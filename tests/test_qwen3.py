@@ -326,3 +326,55 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path):
                                pad_token_id=0)[0, 8:].tolist()
     got, _ = tiny_models.ntp(ours, prompt, 32)
     assert got[0] == want
+
+
+# -----------------------------------------------------------------------------
+# GGUF: general.architecture qwen3, as llama.cpp's converter writes it
+
+
+GGUF_LAYER = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+              "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(hf_name):
+    """HF name -> llama.cpp's, as its converter (Qwen2Model) maps Qwen-3's: no row permuted."""
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+           "output_norm.weight", "lm_head.weight": "output.weight"}
+    if hf_name in top:
+        return top[hf_name]
+    _, _, i, module = hf_name.removesuffix(".weight").split(".", 3)
+    return f"blk.{i}.{GGUF_LAYER[module]}.weight"
+
+
+def test_gguf_of_qwen3_gives_the_hf_checkpoints_logits(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from test_gguf import write_gguf
+    from test_gguf_tokenizer import TOKENS, tiny_tokenizer_metadata
+
+    from pretrained.load_gguf import load_gguf
+
+    cfg = tiny_config_json(vocab_size=len(TOKENS))
+    state = write_qwen3_dir(tmp_path / "hf", cfg)
+    tensors = {gguf_name(n): (t.numpy(), gguf.GGMLQuantizationType.F32) for n, t in state.items()}
+    keys = {"block_count": 3, "context_length": 512, "embedding_length": 64,
+            "feed_forward_length": 96, "attention.head_count": 4, "attention.head_count_kv": 2,
+            "rope.freq_base": 1e6, "attention.layer_norm_rms_epsilon": 1e-6,
+            "attention.key_length": 32, "attention.value_length": 32}
+    metadata = {f"qwen3.{k}": v for k, v in keys.items()} | tiny_tokenizer_metadata(pre="qwen2")
+    path = write_gguf(tmp_path / "qwen3.gguf", tensors, metadata, arch="qwen3")
+    model, info = load_gguf(path)
+    assert model.config.qk_norm and model.config.head_dim == 32
+    want, _ = load_llama(tmp_path / "hf")
+    idx = IDX % len(TOKENS)
+    with torch.no_grad():
+        assert (model.eval()(idx)[0] - want.eval()(idx)[0]).abs().max() < 1e-4
+    assert info["tokenizer"].encode("x  12") == info["tokenizer"].encode("x  1") + [
+        info["tokenizer"].encode("2")[0]]  # qwen2's split: each digit alone
+    bad = write_gguf(tmp_path / "bad.gguf", tensors, metadata | {"qwen3.attention.key_length": 33},
+                     arch="qwen3")
+    # key_length sets the head width: value_length must agree, and rotary needs an even width
+    expect_error(lambda: load_gguf(bad), "qwen3.attention.value_length = 32 (model.Llama needs 33)",
+                 "head width 33")
