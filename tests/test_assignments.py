@@ -4,14 +4,20 @@ as course staff need them to be. Handouts are made once per module into a tempor
 
 - a stub never passes: on a handout where only assignment n is blanked, every test of n fails, and
   fails with the NotImplementedError naming assignment n (not with an import error or a renamed
-  test);
+  test), and the handout's blank answers.toml earns no question's points;
 - no assignment needs a later one, and the reference gets full points: n's tests pass, in under
   20 s, on a handout where only the assignments after n are blanked (the code they run is the
-  reference's);
+  reference's), and the reference's answers (answers_reference.toml) earn every question's points;
 - no solution leaks: no line of a blanked body (20 characters or more once whitespace is removed,
   with or without its comment) appears in a handout more often than the code the handout keeps has
   it anyway (a line such as a call of a given helper may also stand in a given function); the
-  bodies are found here with ast, independently of handout.py;
+  bodies are found here with ast, independently of handout.py. Nor does a renamed or reformatted
+  copy: no run of RUN syntax-tree nodes of a blanked body (its own names and constants abstracted)
+  stands in another function, module top level or Markdown code span of a handout's non-test
+  files, and the check is shown to find a planted renamed copy of every body it can see;
+- the graded questions: every stored digest is that of the answer the reference code computes
+  (answer_N_I below), answers_reference.toml agrees, the student's answers.toml is blank and scores
+  0, each write-up asks its questions;
 - a handout imports cleanly: its modules import (train.py and sample.py are scripts that run on
   import, so every .py file is compiled instead), its tests collect, and the main command
   (train.py, tiny settings, with the report on 2 problems so that decoding runs too) either runs
