@@ -261,12 +261,14 @@ class GPT(nn.Module):
     def max_seq_len(self):
         return self.config.block_size
 
-    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None):
+    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
 
         pos: (T,) or (B, T) position ids; default = slot index (cache.length + 0..T-1).
         mask: (T, S) or (B, T, S) bool, True = may attend, S = cache.length + T; default causal.
         cache: a KVCache; the first n_commit (default all T) tokens are appended to it.
+        at: (B, T) bool -> logits (N, vocab) only where True, row by row (training: the labelled
+        slots; the head is a large share of a small model's work, its logits the largest buffer).
         """
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
@@ -275,7 +277,8 @@ class GPT(nn.Module):
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         for layer, block in enumerate(self.transformer.h):
             x = block(x, layer, mask, cache, n_commit)
-        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x if at is None else x[at])  # (B, T, vocab) or (N, vocab)
         if cache is not None:
             cache.commit(n_commit)
         return logits, (cross_entropy(logits, targets) if targets is not None else None)
@@ -512,7 +515,7 @@ class Llama(nn.Module):
     def max_seq_len(self):
         return self.config.max_seq_len
 
-    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None):
+    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None):
         """Same contract as GPT.forward: idx (B, T) -> logits (B, T, vocab) and optional loss."""
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
@@ -524,7 +527,8 @@ class Llama(nn.Module):
         for layer, block in enumerate(self.layers):
             args = (x, cos, sin, layer, mask, cache, n_commit)
             x = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
-        logits = self.output(self.norm(x))  # (B, T, vocab)
+        x = self.norm(x)
+        logits = self.output(x if at is None else x[at])  # (B, T, vocab) or (N, vocab)
         if cache is not None:
             cache.commit(n_commit)
         return logits, (cross_entropy(logits, targets) if targets is not None else None)

@@ -160,16 +160,22 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     """Eq. 14: cross-entropy over all labelled slots, NTP (clean half) and masked tokens (noisy
     half).
 
-    logits (B, T, V) and labels (B, T) of sbd_inputs; the clean half is the first L slots.
+    logits (B, T, V) and labels (B, T) of sbd_inputs; the clean half is the first L slots. Logits
+    (N, V) are those of the labelled slots only, row by row (model(..., at=labels != IGNORE_INDEX)):
+    the same loss without the head's work on unlabelled slots.
     The loss is a weighted mean: sum(w * nll) / sum(w) over labelled slots, w = ntp_weight on the
     clean half and 1 on the noisy half. ntp_weight=1 is the paper's single cross-entropy over both
     halves; ntp_weight=0 drops the NTP term (the paper's ablation, which hurts NTP quality).
     Returns (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging.
     """
-    V = logits.size(-1)
-    nll = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1),
-                          ignore_index=IGNORE_INDEX, reduction="none").view(labels.shape)  # (B, T)
-    labelled = (labels != IGNORE_INDEX).float()
+    V, is_labelled = logits.size(-1), labels != IGNORE_INDEX
+    if logits.dim() == 2:  # (N, V) at the labelled slots: the others' nll is 0 (weight 0)
+        nll = torch.zeros(labels.shape, device=logits.device)
+        nll[is_labelled] = F.cross_entropy(logits.float(), labels[is_labelled], reduction="none")
+    else:
+        nll = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1),
+                              ignore_index=IGNORE_INDEX, reduction="none").view(labels.shape)
+    labelled = is_labelled.float()  # (B, T)
     weight = torch.cat([labelled[:, :L] * ntp_weight, labelled[:, L:]], dim=1)  # (B, T)
     # a batch without labels gives 0, not 0/0; any positive total weight divides as it is
     loss = (nll * weight).sum() / weight.sum().clamp(min=torch.finfo(torch.float32).tiny)

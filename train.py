@@ -78,6 +78,7 @@ k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findin
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 loss_on_answer_only = True  # both losses and the noise on the completion only, as in SFT
 block_phase = "answer"  # noisy blocks start at: 'answer' (where decoding starts), 'random', 'zero'
+head_at_labels = False  # SBD stage: logits only at labelled slots (a large vocabulary's head)
 # optimizer (AdamW), per stage: linear warmup then cosine decay to min_lr_ratio * lr
 weight_decay = 0.1
 beta1 = 0.9
@@ -89,6 +90,7 @@ min_lr_ratio = 0.01  # a quiet end leaves fewer confident mistakes (the paper do
 log_interval = 100
 eval_interval = 500  # also writes ckpt_resume.pt
 eval_iters = 4  # batches per loss estimate
+snapshot_interval = 0  # SBD stage: also keep ckpt_sbd_step<n>.pt every n steps (a learning curve)
 halt_after = -1  # stop after this many iterations (time-boxed runs, tests); resume continues
 report = True  # at the end: calibrate γ on val, Table 1 on test (evaluate.py)
 report_problems = 0  # val/test problems the report uses (0 = all; the end-to-end test: a few)
@@ -212,7 +214,8 @@ def forward_loss(model, stage, x, y, answer, k, generator):
     phases = block_phases(answer, k, generator).to(device)
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, phases, maskable, generator,
                                             flex=attention == "flex")  # (B, T), mask (B, T, T)
-    logits, _ = model(idx, pos=pos, mask=mask)  # (B, T, vocab), T = 2L - the unread noisy prompt
+    at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
+    logits, _ = model(idx, pos=pos, mask=mask, at=at)  # (B, T, V) or (N, V), T = 2L - noisy prompt
     return sbd.sbd_loss(logits, labels, x.size(1), ntp_weight)  # the clean half: x.size(1) slots
 
 
@@ -370,7 +373,12 @@ while iter_num < total_iters:
             print(f"iter {iter_num}: NTP loss train {losses['train'][0]:.4f} "
                   f"val {losses['val'][0]:.4f} | masked-token loss (k=8) train "
                   f"{losses['train'][1]:.4f} val {losses['val'][1]:.4f}")
+            with open(log_path, "a") as f:
+                f.write(json.dumps(dict(iter=iter_num, stage=stage, eval=losses)) + "\n")
         save_resume()
+    sbd_step = iter_num - ntp_iters
+    if stage == "sbd" and snapshot_interval and sbd_step % snapshot_interval == 0:
+        save(f"sbd_step{sbd_step}", stage_checkpoint())  # the weights before this step
 
     lr = lr_at(iter_num)
     for group in optimizer.param_groups:

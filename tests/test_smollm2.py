@@ -74,3 +74,28 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
             cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
         assert expect in bench.stdout, bench.stdout[-2000:]
+
+
+def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
+    """--snapshot_interval keeps the SBD stage's weights every n steps, the logged val losses go
+    to log.jsonl, and report.curve decodes every snapshot once (a second call adds nothing)."""
+    out = tmp_path / "curve"
+    run = train(f"--init_from={tiny_gguf}", f"--out_dir={out}", "--ntp_iters=0", "--sbd_iters=4",
+                "--batch_size=2", "--sbd_batch_size=2", "--seq_len=400", "--eval_interval=2",
+                "--snapshot_interval=2", "--warmup_iters=1", "--report=False",
+                "--head_at_labels=True")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("ckpt_sbd_step*.pt")) == [
+        "ckpt_sbd_step0.pt", "ckpt_sbd_step2.pt"]
+    args = [sys.executable, "-m", "report.curve", f"--out_dir={out}", "--problems=2",
+            "--max_new_tokens=8", "--batch_size=2", "--k=4", "--gammas=(0.1,)", "--dtype=float32"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for _ in range(2):
+        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    curve = json.loads((out / "curve.json").read_text())
+    assert [p["step"] for p in curve] == [0, 2]
+    assert curve[1]["masked_loss"] is not None  # logged at step 2 (eval_interval)
+    for p in curve:
+        assert p["exact_tokens_per_forward"] >= 1 and set(p["plain"]) == {"0.1"}
+        assert 0 <= p["left_accuracy"] <= 100

@@ -1,0 +1,162 @@
+"""
+The SBD stage's learning curve: what more steps buy. train.py --snapshot_interval=n keeps the
+weights every n SBD steps (out_dir/ckpt_sbd_step<s>.pt); this decodes each snapshot on the same val
+problems and writes out_dir/curve.json and curve.png.
+
+    python train.py config/sbd_smollm2_curve.py            # the run, with snapshots
+    python -m report.curve --out_dir=out-sbd-smollm2-curve --benchmark=data/wordproblems/val.jsonl
+
+Per snapshot, on the first `problems` rows held out of the benchmark (seed 0):
+- masked-token val loss: train.py's estimate at that step (log.jsonl), k = 8;
+- NTP decoding accuracy of the snapshot itself;
+- next-token decoding through the masked-token head: plain SBD with rule 'left' and γ = 0 reveals
+  one slot per forward, left to right, each from the masked-token logits (slot 0 of a block from
+  the causal head, as always);
+- exact SBD's tokens per forward (every block drafted in one forward);
+- plain SBD's accuracy and tokens per forward at each γ of `gammas` (rule 'entropy').
+A snapshot already in curve.json is not decoded again, so an interrupted evaluation continues.
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+
+import torch
+
+from configurator import configure, pick_device, require, resolve_dtype
+from model import load_checkpoint
+from pretrained.loading import tokenizer_of
+from report.summary import write_json
+from sampling import ONE_FORWARD, settings_for
+from tasks import BenchmarkTask
+from tasks.solve import solve, tokens_per_forward
+
+OPTIONS = dict(
+    out_dir="out-sbd-smollm2-curve",  # train.py's out_dir, with ckpt_sbd_step<s>.pt snapshots
+    benchmark="data/wordproblems/val.jsonl",  # rows {"prompt", "answer"}: val, never test
+    problems=64,  # val problems decoded per snapshot
+    k=16,  # block size of every SBD mode
+    gammas=(0.01, 0.1),  # plain SBD's γ values
+    answer_marker="####",
+    max_new_tokens=128,
+    batch_size=32,
+    dtype="auto",  # bf16 where the CPU computes it natively
+    device="",
+)
+
+
+def snapshots(out_dir):
+    """[(SBD step, path)] of out_dir's snapshots, in step order."""
+    found = []
+    for path in glob.glob(os.path.join(out_dir, "ckpt_sbd_step*.pt")):
+        found.append((int(re.search(r"step(\d+)\.pt$", path).group(1)), path))
+    return sorted(found)
+
+
+def logged_losses(out_dir, ntp_iters):
+    """{SBD step: masked-token val loss} from train.py's log.jsonl."""
+    losses = {}
+    path = os.path.join(out_dir, "log.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                row = json.loads(line)
+                if "eval" in row and row["stage"] == "sbd":
+                    losses[row["iter"] - ntp_iters] = row["eval"]["val"][1]
+    return losses
+
+
+def evaluate_snapshot(model, checkpoint, task, o):
+    """One curve point: accuracies and tokens per forward on the val problems."""
+    problems = task.splits["val"]
+    base = settings_for(checkpoint, gamma=0.0).replace(k=o["k"])
+
+    def run(settings, ntp=False):
+        return solve(model, task, problems, settings, ntp=ntp, batch_size=o["batch_size"])
+
+    ntp = run(base, ntp=True)
+    left = run(base.replace(rule="left"))
+    exact = run(base.replace(gamma=ONE_FORWARD, exact=True))
+    point = dict(ntp_accuracy=ntp["accuracy"], left_accuracy=left["accuracy"],
+                 exact_tokens_per_forward=tokens_per_forward(exact),
+                 exact_accuracy=exact["accuracy"], plain={})
+    for g in o["gammas"]:
+        r = run(base.replace(gamma=g))
+        same = sum(a == b for a, b in zip(r["completions"], ntp["completions"]))
+        point["plain"][str(g)] = dict(accuracy=r["accuracy"],
+                                      tokens_per_forward=tokens_per_forward(r),
+                                      agreement=100.0 * same / len(problems))
+    return point
+
+
+def plot(curve, path):
+    """The curve as four panels against SBD steps; matplotlib is optional."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(pip install matplotlib to get the curve as a picture)")
+        return None
+    steps = [p["step"] for p in curve]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    loss = [(p["step"], p["masked_loss"]) for p in curve if p.get("masked_loss") is not None]
+    if loss:
+        axes[0].plot(*zip(*loss), "o-")
+    axes[0].set_title("masked-token val loss (k=8)")
+    axes[1].plot(steps, [p["ntp_accuracy"] for p in curve], "s--", color="gray", label="NTP")
+    axes[1].plot(steps, [p["left_accuracy"] for p in curve], "o-",
+                 label="masked-token head, one slot per forward")
+    for g in curve[0]["plain"]:
+        axes[1].plot(steps, [p["plain"][g]["accuracy"] for p in curve], "^-",
+                     label=f"plain SBD γ={g}")
+    axes[1].set_title("val accuracy (%)")
+    axes[1].legend(fontsize=7)
+    axes[2].plot(steps, [p["exact_tokens_per_forward"] for p in curve], "*-", label="exact SBD")
+    for g in curve[0]["plain"]:
+        axes[2].plot(steps, [p["plain"][g]["tokens_per_forward"] for p in curve], "^-",
+                     label=f"plain SBD γ={g}")
+    axes[2].set_title("tokens per forward")
+    axes[2].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("SBD steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv):
+    o = dict(OPTIONS)
+    configure(o, argv)
+    require(o["problems"] >= 1 and o["batch_size"] >= 1 and o["k"] >= 1,
+            "problems, batch_size and k must be >= 1")
+    device = pick_device(o["device"])
+    found = snapshots(o["out_dir"])
+    require(found, f"no ckpt_sbd_step*.pt in {o['out_dir']}: train with --snapshot_interval=n")
+    out_path = os.path.join(o["out_dir"], "curve.json")
+    curve = json.load(open(out_path)) if os.path.exists(out_path) else []
+    done = {p["step"] for p in curve}
+    for step, path in found:
+        if step in done:
+            continue
+        model, checkpoint = load_checkpoint(path, device)
+        model = model.to(getattr(torch, resolve_dtype(o["dtype"], device)))
+        task = BenchmarkTask(o["benchmark"], tokenizer_of(checkpoint["tokenizer"]),
+                             val_problems=o["problems"], max_new_tokens=o["max_new_tokens"],
+                             answer_marker=o["answer_marker"])
+        ntp_iters = checkpoint["config"]["ntp_iters"]
+        point = dict(step=step, masked_loss=logged_losses(o["out_dir"], ntp_iters).get(step),
+                     **evaluate_snapshot(model, checkpoint, task, o))
+        print(json.dumps(point), flush=True)
+        curve = sorted(curve + [point], key=lambda p: p["step"])
+        write_json(out_path, curve)
+    picture = plot(curve, os.path.join(o["out_dir"], "curve.png"))
+    print(f"wrote {out_path}" + (f" and {picture}" if picture else ""))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
