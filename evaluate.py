@@ -33,7 +33,7 @@ import torch
 from configurator import configure, pick_device, require
 from model import load_checkpoint
 from pretrained.loading import load_baseline, load_models, load_run, pretrained_path
-from report.summary import machine, summary_rows, write_json
+from report.summary import machine, print_paired, summary_rows, write_json
 from report.sweep import curves, plot_sweep
 from report.views import fp32_identity, step_views, wall_clock
 from sampling import settings_for, write_calibration
@@ -231,6 +231,7 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
                        batch_size=o["batch_size"])
         rows.insert(1, (f"{name} as loaded, NTP decoding", result))
     print_table(rows, task)
+    print_paired(rows)
     checks = {}
     if fp32_models is not None:
         checks["fp32"] = fp32_identity(*fp32_models, task, base, calibration,

@@ -107,7 +107,8 @@ def decode_batches(model, task, problems, settings, batch_size, ntp=False):
 
 def solve(model, task, problems, settings, ntp=False, batch_size=250):
     """Decode and grade every problem -> dict(accuracy %, forwards, tokens, rejected, seconds,
-    completions). settings: how to decode (settings.decode; ntp=True: NTP decoding)."""
+    completions, correct: one bool per problem). settings: how to decode (exact.decode; ntp=True:
+    NTP decoding)."""
     completions, forwards, tokens, rejected, n_done = [None] * len(problems), 0, 0, 0, 0
     t0 = last_print = time.perf_counter()
     for indices, out, stats in decode_batches(model, task, problems, settings, batch_size, ntp):
@@ -121,9 +122,10 @@ def solve(model, task, problems, settings, ntp=False, batch_size=250):
             print(f"    {what}: {n_done}/{len(problems)} problems, {last_print - t0:.0f} s, "
                   f"~{(last_print - t0) * (len(problems) - n_done) / n_done:.0f} s to go",
                   flush=True)
-    correct = sum(task.is_correct(c, reference) for c, (_, reference) in zip(completions, problems))
-    return dict(accuracy=100.0 * correct / len(problems), forwards=forwards, tokens=tokens,
-                rejected=rejected, seconds=time.perf_counter() - t0, completions=completions)
+    correct = [task.is_correct(c, reference) for c, (_, reference) in zip(completions, problems)]
+    return dict(accuracy=100.0 * sum(correct) / len(problems), forwards=forwards, tokens=tokens,
+                rejected=rejected, seconds=time.perf_counter() - t0, completions=completions,
+                correct=correct)
 
 
 def mode_name(settings):

@@ -94,3 +94,19 @@ def test_sweep_picture_without_matplotlib_says_how_to_get_it(tmp_path, monkeypat
     assert sweep_picture.plot_sweep(hand_made_curves(), 99.9, 0.5, path) is None
     assert "pip install matplotlib" in capsys.readouterr().out
     assert not (tmp_path / "sweep.png").exists()
+
+
+def test_paired_statistics_by_hand():
+    """Two rows on 6 problems: the row solves 2 the reference misses and misses 1 it solves."""
+    row = [True, True, True, False, True, False]
+    ref = [True, False, False, True, True, False]
+    s = summary.paired(row, ref)
+    d = [0, 1, 1, -1, 0, 0]  # mean 1/6, sample variance (sum (d - 1/6)^2) / 5
+    var = sum((x - 1 / 6) ** 2 for x in d) / 5
+    assert s["delta"] == pytest.approx(100 / 6)
+    assert s["se"] == pytest.approx(100 * (var / 6) ** 0.5)
+    assert (s["gained"], s["lost"]) == (2, 1)
+    assert s["p"] == pytest.approx(1.0)  # 3 discordant, 2 vs 1: P(<= 1 of 3) * 2 = 0.5 * 2
+    assert summary.mcnemar(10, 0) == pytest.approx(2 / 2 ** 10)
+    assert summary.mcnemar(0, 0) == 1.0
+    assert summary.paired(ref, ref)["se"] == 0.0
