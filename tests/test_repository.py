@@ -139,6 +139,22 @@ def test_every_file_has_a_line_budget():
         assert n <= budget, f"{path} has {n} lines, over its budget of {budget}: split it"
 
 
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for path in python_files():
+        if path.startswith("tests/"):
+            continue
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        long += [f"{path}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+                 for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                 and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: split them"
+
+
 def test_readme_is_short():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         words = len(f.read().split())

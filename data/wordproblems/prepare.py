@@ -242,6 +242,15 @@ def sharing(d):
                       "How many {things} will each {friend} receive?",
                       "How many {things} does each of the {friends} end up with?",
                       "What is each {friend}'s share?"])
+    steps = sharing_steps(d, how, gives)
+    scenes = ["@S is sorting @his {things}.", "@S is tidying up @his room.",
+              "It is a rainy afternoon, and @s has friends over."]
+    key = (how, a, b, k, *sorted(gives))  # the two gifts can be given in either order
+    return d.problem("sharing", key, scenes, facts, question, steps, rest // k)
+
+
+def sharing_steps(d, how, gives):
+    """sharing's worked solution: the total, what was given or added, each one's share."""
     steps = [d.step(["@S starts with {a} * {b} = {t} {things}.",
                      "There are {a} * {b} = {t} {things} in all.",
                      "{a} {boxes} of {b} make {a} * {b} = {t} {things}."])]
@@ -262,10 +271,7 @@ def sharing(d):
     steps.append(d.step(["Each {friend} gets {rest} / {k} = {each}.",
                          "So each one gets {rest} / {k} = {each}.",
                          "Shared among {k}, that is {rest} / {k} = {each} each."]))
-    scenes = ["@S is sorting @his {things}.", "@S is tidying up @his room.",
-              "It is a rainy afternoon, and @s has friends over."]
-    key = (how, a, b, k, *sorted(gives))  # the two gifts can be given in either order
-    return d.problem("sharing", key, scenes, facts, question, steps, rest // k)
+    return steps
 
 
 MODES = [  # how the main person travels: now, before, the doing of it, slowest and fastest per hour
@@ -577,31 +583,7 @@ def geometry(d):
     how = d.pick(["fence", "bare floor", "tile cost"])
     d.v.update(units=unit[1], unit=unit[0], sq=square[1], sq1=square[0])
     if how == "fence":
-        x, y, g, p = rng.randint(5, 40), rng.randint(3, 30), rng.randint(1, 4), rng.randint(2, 9)
-        fence = 2 * (x + y) - g
-        if y >= x or fence * p > 1000:
-            return None
-        d.v.update(l=x, w=y, g=g, p=p, s=x + y, P=fence + g, fence=fence, cost=fence * p,
-                   plot=rng.choice(PLOTS), gate=count(g, unit))
-        facts = d.shuffled([
-            d.say(["@S wants to fence a rectangular {plot} that is {l} {units} long and {w} "
-                   "{units} wide.", "A rectangular {plot} measures {l} {units} by {w} {units}."]),
-            d.say(["A gate {gate} wide needs no fence.",
-                   "The fence leaves a gap of {gate} for a gate."]),
-            d.say(["Fencing costs ${p} per {unit}.", "Each {unit} of fence costs ${p}."])])
-        question = d.say(["How much will the fence cost?",
-                          "What does the fence around the {plot} cost?",
-                          "How many dollars will the fencing cost?"])
-        steps = [d.step(["One length and one width make {l} + {w} = {s} {units}.",
-                         "{l} + {w} = {s} {units}."]),
-                 d.step(["The perimeter is 2 * {s} = {P} {units}.",
-                         "All the way around is 2 * {s} = {P} {units}."]),
-                 d.step(["Without the gate, {P} - {g} = {fence} {units} need fencing.",
-                         "Taking off the gate leaves {P} - {g} = {fence}."]),
-                 d.step(["The fence costs {fence} * {p} = {cost} dollars.",
-                         "At {p} dollars each: {fence} * {p} = {cost}."])]
-        scenes = ["@S is fixing up @his backyard.", "A new fence is going up this summer."]
-        return d.problem("geometry", (how, x, y, g, p), scenes, facts, question, steps, fence * p)
+        return fence_cost(d, rng, unit)
     x, y, a, b = rng.randint(5, 25), rng.randint(4, 20), rng.randint(2, 8), rng.randint(2, 8)
     p = rng.randint(2, 5) if how == "tile cost" else 0
     bare = x * y - a * b
@@ -634,6 +616,35 @@ def geometry(d):
     return d.problem("geometry", (how, x, y, a, b, p), scenes, facts, question, steps, answer)
 
 
+def fence_cost(d, rng, unit):
+    """geometry: a fence around a rectangle with a gate, and what it costs."""
+    x, y, g, p = rng.randint(5, 40), rng.randint(3, 30), rng.randint(1, 4), rng.randint(2, 9)
+    fence = 2 * (x + y) - g
+    if y >= x or fence * p > 1000:
+        return None
+    d.v.update(l=x, w=y, g=g, p=p, s=x + y, P=fence + g, fence=fence, cost=fence * p,
+               plot=rng.choice(PLOTS), gate=count(g, unit))
+    facts = d.shuffled([
+        d.say(["@S wants to fence a rectangular {plot} that is {l} {units} long and {w} "
+               "{units} wide.", "A rectangular {plot} measures {l} {units} by {w} {units}."]),
+        d.say(["A gate {gate} wide needs no fence.",
+               "The fence leaves a gap of {gate} for a gate."]),
+        d.say(["Fencing costs ${p} per {unit}.", "Each {unit} of fence costs ${p}."])])
+    question = d.say(["How much will the fence cost?",
+                      "What does the fence around the {plot} cost?",
+                      "How many dollars will the fencing cost?"])
+    steps = [d.step(["One length and one width make {l} + {w} = {s} {units}.",
+                     "{l} + {w} = {s} {units}."]),
+             d.step(["The perimeter is 2 * {s} = {P} {units}.",
+                     "All the way around is 2 * {s} = {P} {units}."]),
+             d.step(["Without the gate, {P} - {g} = {fence} {units} need fencing.",
+                     "Taking off the gate leaves {P} - {g} = {fence}."]),
+             d.step(["The fence costs {fence} * {p} = {cost} dollars.",
+                     "At {p} dollars each: {fence} * {p} = {cost}."])]
+    scenes = ["@S is fixing up @his backyard.", "A new fence is going up this summer."]
+    return d.problem("geometry", ("fence", x, y, g, p), scenes, facts, question, steps, fence * p)
+
+
 JOBS = ["walking dogs", "babysitting", "washing cars", "mowing lawns", "tutoring",
         "helping at a bakery"]
 WANTS = ["a bike", "a guitar", "a tablet", "a pair of skates", "a telescope", "a video game",
@@ -648,41 +659,9 @@ def savings(d):
     d.v.update(job=rng.choice(JOBS), want=rng.choice(WANTS))
     scenes = ["@S is saving up for something special.", "@S keeps careful track of @his money."]
     if how == "left":
-        h, s, w = rng.randint(2, 50), rng.randint(2, 20), rng.randint(2, 12)
-        total = h + s * w
-        c = rng.randint(2, min(100, total - 1))
-        d.v.update(h=h, s=s, w=w, c=c, saved=s * w, total=total, left=count(total - c, DOLLAR))
-        facts = [d.say(["@S has ${h} in a piggy bank.", "@S starts with ${h}."]),
-                 d.say(["@S saves ${s} every week for {w} weeks.",
-                        "For {w} weeks, @s puts away ${s} a week."]),
-                 d.say(["Then @s spends ${c} on {want}.", "After that @s buys {want} for ${c}."])]
-        question = d.say(["How much money does @s have left?", "How many dollars are left?",
-                          "What amount does @s have left?"])
-        steps = [d.step(["@S saves {s} * {w} = {saved} dollars.",
-                         "In {w} weeks that is {s} * {w} = {saved} dollars."]),
-                 d.step(["With the piggy bank, @s has {h} + {saved} = {total}.",
-                         "{h} + {saved} = {total} dollars in all."]),
-                 d.step(["After buying {want}, {total} - {c} = {left} are left.",
-                         "That leaves {total} - {c} = {left}."])]
-        return d.problem("savings", (how, h, s, w, c), scenes, facts, question, steps, total - c)
+        return savings_left(d, rng, scenes)
     if how == "weeks":
-        f, s, n, h = rng.randint(1, 10), rng.randint(2, 15), rng.randint(2, 12), rng.randint(5, 60)
-        price = h + s * n
-        d.v.update(e=s + f, f=f, s=s, h=h, price=price, need=s * n, weeks=count(n, WEEK))
-        facts = d.shuffled([d.say(["@S earns ${e} a week {job} and spends ${f} of it.",
-                                   "Each week @s makes ${e} {job}, but spends ${f}."]),
-                            d.say(["@S wants {want} that costs ${price}.",
-                                   "@S would like {want} priced at ${price}."]),
-                            d.say(["@S already has ${h}.", "@S has saved ${h} so far."])])
-        question = d.say(["How many weeks will it take @him to save enough?",
-                          "How many weeks must @s save?", "For how many weeks must @s save?"])
-        steps = [d.step(["@S saves {e} - {f} = {s} dollars a week.",
-                         "Each week @s keeps {e} - {f} = {s} dollars."]),
-                 d.step(["@S still needs {price} - {h} = {need} dollars.",
-                         "There is {price} - {h} = {need} to go."]),
-                 d.step(["That takes {need} / {s} = {weeks}.",
-                         "So @s needs {need} / {s} = {weeks}."])]
-        return d.problem("savings", (how, s + f, f, h, price), scenes, facts, question, steps, n)
+        return savings_weeks(d, rng, scenes)
     w, h1, h2 = rng.randint(5, 20), rng.randint(2, 8), rng.randint(2, 8)
     day1, day2 = sorted(rng.sample(range(7), 2))
     tips = d.pick(["tips", "spend"]) == "tips"
@@ -712,6 +691,48 @@ def savings(d):
                      "That leaves {earned} - {c} = {x}."])]
     key = ("tips" if tips else "spend", w, *sorted([h1, h2]), c)  # the two days in either order
     return d.problem("savings", key, scenes, facts, question, steps, x)
+
+
+def savings_left(d, rng, scenes):
+    """savings: what is left after saving by the week and spending."""
+    h, s, w = rng.randint(2, 50), rng.randint(2, 20), rng.randint(2, 12)
+    total = h + s * w
+    c = rng.randint(2, min(100, total - 1))
+    d.v.update(h=h, s=s, w=w, c=c, saved=s * w, total=total, left=count(total - c, DOLLAR))
+    facts = [d.say(["@S has ${h} in a piggy bank.", "@S starts with ${h}."]),
+             d.say(["@S saves ${s} every week for {w} weeks.",
+                    "For {w} weeks, @s puts away ${s} a week."]),
+             d.say(["Then @s spends ${c} on {want}.", "After that @s buys {want} for ${c}."])]
+    question = d.say(["How much money does @s have left?", "How many dollars are left?",
+                      "What amount does @s have left?"])
+    steps = [d.step(["@S saves {s} * {w} = {saved} dollars.",
+                     "In {w} weeks that is {s} * {w} = {saved} dollars."]),
+             d.step(["With the piggy bank, @s has {h} + {saved} = {total}.",
+                     "{h} + {saved} = {total} dollars in all."]),
+             d.step(["After buying {want}, {total} - {c} = {left} are left.",
+                     "That leaves {total} - {c} = {left}."])]
+    return d.problem("savings", ("left", h, s, w, c), scenes, facts, question, steps, total - c)
+
+
+def savings_weeks(d, rng, scenes):
+    """savings: how many weeks until a thing is affordable."""
+    f, s, n, h = rng.randint(1, 10), rng.randint(2, 15), rng.randint(2, 12), rng.randint(5, 60)
+    price = h + s * n
+    d.v.update(e=s + f, f=f, s=s, h=h, price=price, need=s * n, weeks=count(n, WEEK))
+    facts = d.shuffled([d.say(["@S earns ${e} a week {job} and spends ${f} of it.",
+                               "Each week @s makes ${e} {job}, but spends ${f}."]),
+                        d.say(["@S wants {want} that costs ${price}.",
+                               "@S would like {want} priced at ${price}."]),
+                        d.say(["@S already has ${h}.", "@S has saved ${h} so far."])])
+    question = d.say(["How many weeks will it take @him to save enough?",
+                      "How many weeks must @s save?", "For how many weeks must @s save?"])
+    steps = [d.step(["@S saves {e} - {f} = {s} dollars a week.",
+                     "Each week @s keeps {e} - {f} = {s} dollars."]),
+             d.step(["@S still needs {price} - {h} = {need} dollars.",
+                     "There is {price} - {h} = {need} to go."]),
+             d.step(["That takes {need} / {s} = {weeks}.",
+                     "So @s needs {need} / {s} = {weeks}."])]
+    return d.problem("savings", ("weeks", s + f, f, h, price), scenes, facts, question, steps, n)
 
 
 TASKS = [  # a long task done a part a day: the task, its unit, doing some of it now and before
