@@ -20,7 +20,7 @@ LINE_BUDGET = {"sbd.py": 450, "generate.py": 450, "exact.py": 450, "sampling.py"
                "train.py": 450, "sample.py": 450, "model.py": 640}
 MAX_ROOT_FILES = 9  # the root holds what a student reads for the method; support code has folders
 MAX_FILE_LINES = 700  # any other .py file
-OTHER_BUDGETS = {"data/wordproblems/prepare.py": 850}  # templates and word lists, not logic
+OTHER_BUDGETS = {"data/wordproblems/prepare.py": 880}  # templates and word lists, not logic
 
 
 def tracked_files():
