@@ -222,8 +222,8 @@ def test_bad_vocabularies():
         return GGUFTokenizer({**tiny_tokenizer_metadata(), **changes}, name="bad")
     with pytest.raises(ValueError, match="only byte-level BPE"):
         broken(**{"tokenizer.ggml.model": "llama"})
-    with pytest.raises(ValueError, match="pre-tokenizer 'qwen2' is not supported"):
-        broken(**{"tokenizer.ggml.pre": "qwen2"})
+    with pytest.raises(ValueError, match="pre-tokenizer 'deepseek-llm' is not supported"):
+        broken(**{"tokenizer.ggml.pre": "deepseek-llm"})
     with pytest.raises(ValueError, match="merge 1 'h e'"):  # listed twice: no longer increasing
         broken(**{"tokenizer.ggml.merges": ["h e", "h e"] + MERGES[1:]})
     with pytest.raises(ValueError, match="made by no merge"):
