@@ -242,4 +242,5 @@ QUESTIONS = {
 SPECS = {}
 
 # Files of the repository that a handout leaves out: checks for course staff, not for students.
-STAFF_ONLY = ["tests/test_assignments.py", "assignments/answers_reference.toml"]
+STAFF_ONLY = ["tests/test_assignments.py", "tests/test_assignment_leaks.py",
+              "tests/test_assignment_questions.py", "assignments/answers_reference.toml"]

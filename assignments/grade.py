@@ -162,7 +162,8 @@ def grade(assignment, timeout, answers=None):
         if ok < len(mine) or not mine:
             failures.append((test, ok, len(mine), text.splitlines()[0]))
         name = f"{assignment['number']}. {assignment['title']}: {test} ({ok}/{len(mine)} passed)"
-        entries.append(dict(name=name, score=share * ok / len(mine) if mine else 0.0,
+        score = share if mine and ok == len(mine) else share * ok / len(mine) if mine else 0.0
+        entries.append(dict(name=name, score=score,
                             max_score=share, output=text or "passed"))
     for q in questions:
         if q["score"] < q["max_score"]:
