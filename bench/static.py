@@ -8,6 +8,8 @@ by one each token: a new shape every step. StaticCache attends over the whole bu
 hides the slots not filled yet with the mask; positions and the slots to write are tensors, not
 Python ints. The tokens are the same as the dynamic path's: tests/test_static.py checks that on a
 CPU (where compiling buys little); python -m bench.gpu --static=True times it on a GPU.
+bench/fast_decode.py is the CPU counterpart for Llama: the same static cache, per layer, with the
+weights laid out once for inductor (python -m bench.fast_bench times it against llama.cpp).
 
     tokens = static_ntp_generate(model, prompt, max_new_tokens=64, compile=True)
 """
