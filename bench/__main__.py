@@ -6,6 +6,7 @@ Decoding benchmarks, measured side by side in one run (timings to read, not a pa
     python -m bench --what=roofline  # a k-token forward on a KV cache vs roofline.py's prediction
     python -m bench --what=batch     # tokens/s of NTP, SBD and exact SBD against batch size
     python -m bench --what=adaptive  # exact SBD with and without the adaptive block size
+    python -m bench --what=profile   # where a decode forward's time goes (bench/profile.py)
 
 kvcache: a 6-layer, 384-wide GPT decodes new_tokens tokens greedily twice: through the KV cache
 (generate.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole
@@ -28,6 +29,10 @@ fed, where SBD stops paying, and exact SBD's output checked against NTP's at eve
 adaptive: exact SBD with adaptive=False and True on out_dir's checkpoint: tokens per forward on
 test problems, and batch-1 wall clock against NTP there, on prompts unlike training's and on a
 random model of the same shape (the demo), where drafts keep failing.
+sbd, batch and adaptive time every mode `repeats` times, interleaved, after a warm-up, and print the
+median [min-max] of each time and of each ratio to NTP (taken per repetition): the range shows how
+noisy the machine was. profile: sbd's workload, each decode forward split into the model, cache
+updates, mask building, host syncs and the decoder's own bookkeeping (bench/profile.py).
 
 This file is the command line: the settings below and which benchmark runs. The benchmarks live in
 bench/decode_speed.py (kvcache, sbd, adaptive), bench/batch.py, bench/cpu_roofline.py; what they
@@ -43,13 +48,14 @@ import torch
 from bench.batch import bench_batch
 from bench.cpu_roofline import bench_roofline
 from bench.decode_speed import bench_adaptive, bench_kvcache, bench_sbd
+from bench.profile import bench_profile
 from configurator import ConfigError, configure
 
 BENCHMARKS = {"kvcache": bench_kvcache, "sbd": bench_sbd, "batch": bench_batch,
-              "adaptive": bench_adaptive, "roofline": bench_roofline}
+              "adaptive": bench_adaptive, "roofline": bench_roofline, "profile": bench_profile}
 
 # -----------------------------------------------------------------------------
-what = "sbd"  # 'kvcache', 'sbd', 'roofline', 'batch' or 'adaptive'
+what = "sbd"  # 'kvcache', 'sbd', 'roofline', 'batch', 'adaptive' or 'profile'
 device = "cpu"  # this is a CPU benchmark; timings on an accelerator would need more care
 seed = 1337
 threads = 0  # torch threads; 0 = default. Never time next to another torch job (docs/findings.md)
@@ -70,6 +76,7 @@ random_gamma = 16.0  # a random model is near-uniform (H ~ log 256 = 5.5): γ = 
 rule = "entropy"
 num_prompts = 4  # decoded one at a time (batch 1, the setting of Eq. 16)
 max_new_tokens = 256
+repeats = 5  # sbd, batch, adaptive: timed repetitions of every mode, interleaved (median, range)
 timing_repeats = 30  # forwards per timing of a 1-, k- and 2k-token forward (and batch's t(1))
 # batch: throughput against batch size, on out_dir's checkpoint (the demo, or a chat model)
 batch_sizes = (1, 4, 16, 64)

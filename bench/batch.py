@@ -6,11 +6,19 @@ SBD stops paying, exact SBD's output against NTP's, and the table as a picture (
 """
 
 import os
+import statistics
 
 import torch
 
 import bench.roofline as roofline
-from bench.measure import cpu_hardware, cpu_name, filled_cache, forward_times, roofline_shape
+from bench.measure import (
+    cpu_hardware,
+    cpu_name,
+    filled_cache,
+    forward_times,
+    roofline_shape,
+    spread,
+)
 from bench.workload import checkpoint_path, decode_problems, load_trained, trained_settings
 
 
@@ -30,7 +38,8 @@ def forward_price(cfg, model, kv):
 
 def decode_at(model, task, problems, settings, ntp, batch_size, price):
     """Every problem decoded in batches of batch_size -> (output ids in problem order, tokens/s
-    measured, tokens/s the price (forward_price) predicts, tokens per forward per row)."""
+    measured, tokens/s the price (forward_price) predicts, tokens per forward per row). Each mode
+    decodes on its own path (NTP: ntp_generate, SBD: sbd_generate, exact: exact_generate)."""
     outputs, all_stats = decode_problems(model, task, problems, settings, batch_size, ntp)
     tokens = sum(sum(stats.tokens) for stats in all_stats)
     seconds = sum(stats.wall_time for stats in all_stats)
@@ -45,23 +54,27 @@ def print_header(cfg, model, problems, hw, overhead, modes):
           f"{hw['peak'] / 1e9:.0f} GFLOP/s, {hw['bandwidth'] / 1e9:.0f} GB/s, plus "
           f"{1000 * overhead:.2f} ms per forward")
     print(f"{'batch':>5} "
-          + " ".join(f"{m + ' tok/s':>14} {'x NTP':>6} {'pred.':>6}" for m in modes)
+          + " ".join(f"{m + ' tok/s':>20} {'x NTP':>17} {'pred.':>6}" for m in modes)
           + f" {'tok/fwd per row':>16}")
 
 
 def print_row(batch_size, cells, per_row):
-    """cells {mode: (measured tok/s, predicted tok/s)}, per_row {mode: tok/fwd per row}."""
-    ntp_rate, ntp_pred = cells["NTP"]
+    """cells {mode: ([measured tok/s per repetition], predicted tok/s)}, per_row {mode: tok/fwd
+    per row}. Each mode's tok/s and its ratio to NTP's (per repetition) as median [min-max]."""
+    ntp_rates, ntp_pred = cells["NTP"]
     print(f"{batch_size:5d} "
-          + " ".join(f"{rate:14.0f} {rate / ntp_rate:5.2f}x {pred / ntp_pred:5.2f}x"
-                     for rate, pred in cells.values())
+          + " ".join(f"{spread(rates, 0):>20} "
+                     f"{spread([r / n for r, n in zip(rates, ntp_rates)]):>16}x "
+                     f"{pred / ntp_pred:5.2f}x"
+                     for rates, pred in cells.values())
           + "  " + ", ".join(f"{m} {v:.2f}" for m, v in per_row.items() if m != "NTP"))
 
 
 def print_verdicts(table, outputs, batch_sizes, n_problems):
     """Where each SBD mode stops paying, and exact SBD's output against NTP's at every size."""
     for mode in (m for m in table[batch_sizes[0]] if m != "NTP"):
-        slower = [B for B in batch_sizes if table[B][mode][0] <= table[B]["NTP"][0]]
+        slower = [B for B in batch_sizes if statistics.median(table[B][mode][0])
+                  <= statistics.median(table[B]["NTP"][0])]
         where = f"from batch {slower[0]} on" if slower else f"at none of {list(batch_sizes)}"
         print(f"{mode} stops paying (no more tokens/s than NTP) {where}")
     alone = outputs["NTP", min(batch_sizes)]  # NTP, each row as alone as the sizes go
@@ -83,13 +96,16 @@ def bench_batch(cfg):
     kv = n_prompt + task.max_new_tokens // 2  # a mid-answer context for the roofline
     price, hw, overhead = forward_price(cfg, model, kv)
     print_header(cfg, model, problems, hw, overhead, modes)
-    table, outputs = {}, {}  # table[B][mode] = (measured tok/s, predicted tok/s)
+    table, outputs = {}, {}  # table[B][mode] = ([measured tok/s per repetition], predicted)
     for B in cfg.batch_sizes:
-        table[B], per_row = {}, {}
-        for mode, (settings, ntp) in modes.items():
-            outputs[mode, B], rate, predicted, per_row[mode] = decode_at(
-                model, task, problems, settings, ntp, B, price)
-            table[B][mode] = (rate, predicted)
+        table[B], per_row = {mode: ([], None) for mode in modes}, {}
+        for settings, ntp in modes.values():  # warm-up at this batch size, untimed
+            decode_problems(model, task, problems[:B], settings, B, ntp)
+        for _ in range(cfg.repeats):  # interleaved: NTP, exact, SBD, NTP, ...
+            for mode, (settings, ntp) in modes.items():
+                outputs[mode, B], rate, predicted, per_row[mode] = decode_at(
+                    model, task, problems, settings, ntp, B, price)
+                table[B][mode] = (table[B][mode][0] + [rate], predicted)
         print_row(B, table[B], per_row)
     print_verdicts(table, outputs, cfg.batch_sizes, len(problems))
     plot_batch(table, os.path.join(cfg.out_dir, "batch.png"))
@@ -108,7 +124,8 @@ def plot_batch(table, path):
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     sizes = sorted(table)
     for mode in table[sizes[0]]:
-        line, = ax.plot(sizes, [table[B][mode][0] for B in sizes], "o-", label=f"{mode}, measured")
+        line, = ax.plot(sizes, [statistics.median(table[B][mode][0]) for B in sizes], "o-",
+                        label=f"{mode}, measured (median)")
         ax.plot(sizes, [table[B][mode][1] for B in sizes], "--", color=line.get_color(),
                 label=f"{mode}, roofline")
     ax.set_xscale("log", base=2)

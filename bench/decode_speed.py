@@ -12,11 +12,12 @@ import collections
 import math
 import os
 import random
+import statistics
 import time
 
 import torch
 
-from bench.measure import cpu_name, filled_cache, forward_times
+from bench.measure import cpu_name, filled_cache, forward_times, spread
 from bench.workload import (
     checkpoint_path,
     decode_problems,
@@ -104,23 +105,35 @@ def trained_workload(cfg):
     return model, prompts, plain, exact, max_new, path
 
 
-def decode_interleaved(model, prompts, modes, max_new):
-    """{mode: [DecodeStats per prompt]}, each prompt decoded alone in every mode ({name: settings};
-    'ntp' decodes with NTP). The modes take turns: a slow moment of the machine hits them alike."""
-    decode(model, prompts[0], modes["exact"], 4)  # warm-up
-    stats = {mode: [] for mode in modes}
-    for prompt in prompts:
-        for mode, settings in modes.items():
-            stats[mode].append(decode(model, prompt, settings, max_new, ntp=mode == "ntp")[1])
-    return stats
+def decode_interleaved(model, prompts, modes, max_new, repeats):
+    """({mode: [[DecodeStats per prompt] per repetition]}, {mode: outputs of the first}): each
+    prompt decoded alone in every mode ({name: settings}; 'ntp' decodes with NTP), repeats times.
+    The modes take turns prompt by prompt, so a slow moment of the machine hits them alike; one
+    untimed decode per mode first (warm-up)."""
+    for mode, settings in modes.items():
+        decode(model, prompts[0], settings, 4, ntp=mode == "ntp")
+    stats, outputs = {mode: [] for mode in modes}, {mode: [] for mode in modes}
+    for rep in range(repeats):
+        for mode in modes:
+            stats[mode].append([])
+        for prompt in prompts:
+            for mode, settings in modes.items():
+                out, s = decode(model, prompt, settings, max_new, ntp=mode == "ntp")
+                stats[mode][rep].append(s)
+                outputs[mode] += out if rep == 0 else []
+    return stats, outputs
 
 
 def print_against_ntp(settings, stats, ntp, t):
-    """One mode's tokens, forwards and decode time (stats: per prompt), and its wall clock against
-    NTP's (Totals): measured, and predicted from the forward times t {width: seconds}."""
-    k, total = settings.k, totals(stats)
-    measured = total.decode_time / total.tokens
+    """One mode's tokens, forwards and decode time (stats: per repetition, per prompt), and its
+    wall clock against NTP's (per repetition, Totals): measured, median [min-max] over the
+    repetitions of the ratio in each, and predicted from the forward times t {width: seconds}."""
+    k, total = settings.k, totals(stats[0])
+    seconds = [totals(rep).decode_time for rep in stats]
+    measured = statistics.median(seconds) / total.tokens
     predicted = sum(t[w] * n for w, n in total.widths.items()) / total.tokens
+    ratios = [n.decode_time / s for n, s in zip(ntp, seconds)]  # NTP's time / this mode's
+    stats = stats[0]
     forwards_per_block = total.nfe / sum(math.ceil(s.tokens[0] / k) for s in stats)
     eq16 = k * t[1] / (t[2 * k] + (forwards_per_block - 1) * t[k])
     checked = ""
@@ -130,13 +143,12 @@ def print_against_ntp(settings, stats, ntp, t):
     print(f"{mode_name(settings)} k={k} γ={settings.gamma:g}: {total.tokens} tokens in {total.nfe} "
           f"forwards ({total.tokens / total.nfe:.2f} tok/fwd, "
           f"{forwards_per_block:.2f} forwards per block{checked}), decode "
-          f"{total.decode_time:.2f} s ({1000 * measured:.2f} ms/token)")
-    ntp_per_token = ntp.decode_time / ntp.tokens
-    print(f"    wall clock vs NTP: measured {ntp_per_token / measured:.2f}x, predicted "
+          f"{spread(seconds, 3)} s ({1000 * measured:.2f} ms/token)")
+    print(f"    wall clock vs NTP: measured {spread(ratios)}x, predicted "
           f"from the forward times of the widths fed {t[1] / predicted:.2f}x (Eq. 16 with l = "
           f"{forwards_per_block:.2f}: {eq16:.2f}x); measured / predicted = "
-          f"{(ntp_per_token / measured) / (t[1] / predicted):.2f}; time beyond the forwards: "
-          f"{1000 * (total.decode_time - predicted * total.tokens) / total.nfe:.2f} ms per forward")
+          f"{statistics.median(ratios) / (t[1] / predicted):.2f}; time beyond the forwards: "
+          f"{1000 * (measured - predicted) * total.tokens / total.nfe:.2f} ms per forward")
 
 
 def bench_sbd(cfg):
@@ -145,25 +157,26 @@ def bench_sbd(cfg):
     workload = trained_workload if os.path.exists(checkpoint_path(cfg)) else random_workload
     model, prompts, plain, exact, max_new, description = workload(cfg)
     modes = {"ntp": exact, "exact": exact, **({"sbd": plain} if plain else {})}
-    stats = decode_interleaved(model, prompts, modes, max_new)
-    ntp, k = totals(stats["ntp"]), exact.k
+    stats, outputs = decode_interleaved(model, prompts, modes, max_new, cfg.repeats)
+    ntp_reps, k = [totals(rep) for rep in stats["ntp"]], exact.k
+    ntp = ntp_reps[0]
     # forward times of every width the decodes fed, on a cache as long as a mid-answer context
     context = min(prompts[0].size(1) + ntp.tokens // (2 * len(prompts)),
                   model.max_seq_len - 2 * k - 1)
-    widths = {1, k, 2 * k}.union(*(totals(s).widths for s in stats.values()))
+    widths = {1, k, 2 * k}.union(*(totals(s[0]).widths for s in stats.values()))
     t = forward_times(model, filled_cache(model, context, 2 * k + 1), sorted(widths),
                       cfg.timing_repeats)
     print(f"{description}, {len(prompts)} prompts decoded one at a time, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads, {cfg.repeats} repetitions: median [min-max]")
     print(f"forward times on a cache of {context}: t(1) = {1000 * t[1]:.2f} ms, t({k}) = "
           f"{1000 * t[k]:.2f} ms, t({2 * k}) = {1000 * t[2 * k]:.2f} ms; "
           f"t({k})/t(1) = {t[k] / t[1]:.2f}")
-    print(f"NTP: {ntp.tokens} tokens in {ntp.nfe} forwards, decode {ntp.decode_time:.2f} s "
-          f"({1000 * ntp.decode_time / ntp.tokens:.2f} ms/token)")
+    ntp_seconds = [rep.decode_time for rep in ntp_reps]
+    print(f"NTP: {ntp.tokens} tokens in {ntp.nfe} forwards, decode {spread(ntp_seconds, 3)} s "
+          f"({1000 * statistics.median(ntp_seconds) / ntp.tokens:.2f} ms/token)")
     for mode in (m for m in ("sbd", "exact") if m in stats):
-        print_against_ntp(modes[mode], stats[mode], ntp, t)
-    same = all(a.tokens == b.tokens for a, b in zip(stats["ntp"], stats["exact"]))
-    print(f"exact SBD output == NTP output on every prompt: {same}")
+        print_against_ntp(modes[mode], stats[mode], ntp_reps, t)
+    print(f"exact SBD output == NTP output on every prompt: {outputs['ntp'] == outputs['exact']}")
 
 
 # -----------------------------------------------------------------------------
@@ -223,15 +236,25 @@ def wall_clock_cases(cfg, model, task, problems):
     return cases
 
 
-def print_wall_clock(name, model, prompts, exact, max_new):
-    """One case's batch-1 wall clock: NTP, and exact SBD with adaptive=False and True."""
+def print_wall_clock(name, model, prompts, exact, max_new, repeats):
+    """One case's batch-1 wall clock: NTP, and exact SBD with adaptive=False and True, repeated
+    and interleaved (NTP, False, True, NTP, ...) after a warm-up of each; median [min-max] of the
+    seconds and of each repetition's speed against NTP's."""
     device = next(model.parameters()).device
-    decode(model, torch.tensor([prompts[0]], device=device), exact, 4)  # warm-up
-    ntp_s, _, _ = timed(model, prompts, exact, max_new, ntp=True)
-    line = f"  {name} ({len(prompts)}, batch 1): NTP {ntp_s:.2f} s"
-    for adaptive in (False, True):
-        s, tokens, forwards = timed(model, prompts, exact.replace(adaptive=adaptive), max_new)
-        line += (f"; exact adaptive={adaptive}: {s:.2f} s = {ntp_s / s:.2f}x NTP's speed, "
+    modes = {"NTP": (exact, True), "exact adaptive=False": (exact.replace(adaptive=False), False),
+             "exact adaptive=True": (exact.replace(adaptive=True), False)}
+    for settings, ntp in modes.values():
+        decode(model, torch.tensor([prompts[0]], device=device), settings, 4, ntp=ntp)
+    runs = {mode: [] for mode in modes}  # per repetition: (seconds, tokens, forwards)
+    for _ in range(repeats):
+        for mode, (settings, ntp) in modes.items():
+            runs[mode].append(timed(model, prompts, settings, max_new, ntp=ntp))
+    ntp_s = [seconds for seconds, _, _ in runs["NTP"]]
+    line = f"  {name} ({len(prompts)}, batch 1, {repeats} repetitions): NTP {spread(ntp_s)} s"
+    for mode in list(modes)[1:]:
+        seconds, (_, tokens, forwards) = [r[0] for r in runs[mode]], runs[mode][0]
+        speed = spread([a / b for a, b in zip(ntp_s, seconds)])
+        line += (f"; {mode}: {spread(seconds)} s = {speed}x NTP's speed, "
                  f"{tokens / forwards:.2f} tok/fwd")
     print(line)
 
@@ -246,4 +269,4 @@ def bench_adaptive(cfg):
           f"{torch.get_num_threads()} threads, {next(model.parameters()).dtype}")
     print_tokens_per_forward(cfg, model, task, problems, exact)
     for name, case_model, prompts in wall_clock_cases(cfg, model, task, problems):
-        print_wall_clock(name, case_model, prompts, exact, task.max_new_tokens)
+        print_wall_clock(name, case_model, prompts, exact, task.max_new_tokens, cfg.repeats)

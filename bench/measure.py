@@ -20,6 +20,12 @@ def cpu_name():
         return "unknown CPU"
 
 
+def spread(values, digits=2):
+    """'median [min-max]' of a measurement repeated: the range shows how noisy the machine was."""
+    return (f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-"
+            f"{max(values):.{digits}f}]")
+
+
 def best_time(fn, n):
     """The fastest of n calls of fn() after one warm-up: a ceiling is what the machine can do
     undisturbed."""
