@@ -5,17 +5,15 @@ The forward that commits a block (the first forward of the next block) computes,
 of it, the causal logits of the position before: exactly what NTP decoding computes there. So it
 checks the block's drafts for free, like speculative decoding with the model's own masked-token
 predictions as the draft model:
-  - greedy (temperature 0): a draft must equal the argmax of the causal logits before it;
-  - sampling: a draft x drawn from q is kept with probability min(1, p(x) / q(x)), p being the
-    causal distribution (Leviathan et al. 2023; Chen et al. 2023);
+  - greedy (temperature 0): a draft must equal the argmax of the causal logits before it; sampling:
+    a draft x drawn from q is kept with probability min(1, p(x) / q(x)), p the causal distribution;
   - at the first rejected draft: keep the drafts before it, emit NTP's token instead (the argmax,
     or a draw from norm(max(0, p - q))), forget the cache from there on, throw away the new block
     (its drafts were conditioned on the wrong token) and start the next block after the correction;
   - a block's first token is NTP's own (the committed prefix's last causal logit), and the block
     that ends a row gets one more forward that only checks it.
 So the greedy output is greedy NTP's, token for token, and the sampled output is distributed as NTP
-sampling's; γ and the block size only trade forwards spent on rejected drafts against tokens per
-forward.
+sampling's; γ and the block size only trade forwards on rejected drafts against tokens per forward.
 
 Rows of a batch keep different numbers of drafts, so each row has its own cache length (RowCache),
 and all rows run their forwards in lockstep: a forward feeds every row's pending tokens and block,
@@ -35,31 +33,27 @@ from generate import (
     Step,
     check_mask_id,
     check_prompt,
-    hybrid_forward,
     new_cache,
     ntp_generate,
     prefill,
     sbd_generate,
     stop_reached,
 )
-from model import KVCache
-from sampling import ONE_FORWARD, filter_logits, reveal_step, sample, suppress_mask
+from model import KVCache, attention_bias
+from sampling import ONE_FORWARD, filter_logits, next_token, reveal_step, sample, suppress_mask
 from sbd import hybrid_mask
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 
 
 class RowCache(KVCache):
-    """A KV cache in which every row keeps its own length.
-
-    It adopts the buffers of the model's KVCache (self.k[layer], self.v[layer]: (B, n_kv_head,
-    max_len, head_dim)). Row b's committed tokens sit in slots [0, lengths[b]). While every row has
-    the same length (always at batch 1) a forward is KVCache's. Otherwise a forward of T new tokens
-    writes row b's keys and values to slots [lengths[b], lengths[b] + T) and attends over slots
-    [0, max(lengths) + T): slots past a row's own new tokens hold stale scratch, which the caller's
-    mask hides. commit(n) commits the first n new tokens of every row; rows forget a surplus
-    (padding, rejected drafts) with forget().
-    """
+    """A KV cache in which every row keeps its own length. It adopts the buffers of the model's
+    KVCache (self.k[layer], self.v[layer]: (B, n_kv_head, max_len, head_dim)). Row b's committed
+    tokens sit in slots [0, lengths[b]). While every row has the same length (always at batch 1) a
+    forward is KVCache's. Otherwise a forward of T new tokens writes row b's keys and values to
+    slots [lengths[b], lengths[b] + T) and attends over slots [0, max(lengths) + T): slots past a
+    row's own new tokens hold stale scratch, which the caller's mask hides. commit(n) commits the
+    first n new tokens of every row; rows forget a surplus (padding, rejected drafts), forget()."""
 
     def __init__(self, cache, batch_size):
         self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
@@ -97,6 +91,22 @@ class RowCache(KVCache):
         self.lengths[row] -= n
 
 
+class HybridBias:
+    """hybrid_mask's additive bias for a batch-1 forward, made once per (T, n_commit): every new
+    token sees every cached key, so the bias on n cached tokens is the last n + T columns of one
+    made for the longest cache (a view, not a mask built and converted in every forward)."""
+
+    def __init__(self, max_len, dtype, device):
+        self.max_len, self.dtype, self.device, self.made = max_len, dtype, device, {}
+
+    def __call__(self, n_cached, T, n_commit):  # -> (T, n_cached + T), None for T = 1 (no mask)
+        if T > 1 and (T, n_commit) not in self.made:
+            q = torch.arange(T, device=self.device)[:, None]  # (T, 1): new token i
+            kv = torch.arange(-self.max_len, T, device=self.device)[None]  # (1, max_len + T)
+            self.made[T, n_commit] = attention_bias(hybrid_mask(q, kv, n_commit), self.dtype)
+        return self.made[T, n_commit][:, self.max_len - n_cached:] if T > 1 else None
+
+
 def slot_roles(i, n_prev, kb, P):
     """For slot i of a lockstep forward (P pending slots, then block slots), with the row's n_prev
     pending tokens and kb block slots: (is it one of the row's tokens, its index among them)."""
@@ -107,13 +117,11 @@ def slot_roles(i, n_prev, kb, P):
 def exact_mask(q, kv, n_cached, n_prev, kb, P):
     """Mask of one lockstep forward for one row (True = may attend); pure in (q, kv).
 
-    The forward feeds P slots of pending tokens (the row's n_prev, then padding) and then block
-    slots (the row's kb, then padding); q is such a slot, kv a cache slot, and the forward's tokens
-    are written from cache slot n_cached on. Without the padding this is hybrid_mask over
-    [cache ; pending ; block]: each slot is mapped to its index among the row's new tokens,
-    padding sees only itself (a query that sees no key would make softmax NaN), and nothing sees
-    padding or the stale slots past a row's new tokens.
-    """
+    The forward feeds P slots of pending tokens (the row's n_prev, then padding), then block slots
+    (the row's kb, then padding); q is such a slot, kv a cache slot, and the forward's tokens are
+    written from cache slot n_cached on. Without the padding this is hybrid_mask over [cache ;
+    pending ; block]: each slot is mapped to its index among the row's new tokens, padding sees
+    only itself (a query seeing no key makes softmax NaN), nothing sees padding or stale slots."""
     t = kv - n_cached  # which new token key kv holds (< 0: a committed one)
     real_q, q_new = slot_roles(q, n_prev, kb, P)
     real_kv, kv_new = slot_roles(t, n_prev, kb, P)
@@ -124,8 +132,7 @@ def lockstep_inputs(cache, pending, n_prev, block, kb):
     """Tokens (B, T), positions (B, T) and mask (B, T, S) of one lockstep forward.
 
     pending (B, P) and block (B, K) are padded; row b uses n_prev[b] and kb[b] of them. A row's
-    tokens take the positions they have alone; padding takes position 0 (nothing reads it).
-    """
+    tokens take the positions they have alone; padding takes position 0 (nothing reads it)."""
     device = pending.device
     P, K = pending.size(1), block.size(1)
     tokens = torch.cat([pending, block], dim=1)  # (B, T)
@@ -148,20 +155,18 @@ def accept_greedy(drafts, causal, mask_id):
     """drafts (B, n), causal logits (B, n + 1, V) -> (ok (B, n) bool, targets (B, n + 1)).
 
     Draft j is kept iff it equals NTP's argmax after the slot before it; targets are NTP's tokens,
-    the correction after the last kept draft and, if all are kept, the next block's first token.
-    """
+    the correction after the last kept draft and, if all are kept, the next block's first token."""
     targets = suppress_mask(causal, mask_id).argmax(-1)  # (B, n + 1)
     return drafts == targets[:, :-1], targets
 
 
 def accept_sampled(drafts, q, p, generator=None):
-    """Speculative sampling's rule on drafts (B, n) drawn from q (B, n, V); p (B, n + 1, V).
-
-    Draft x at slot j is kept with probability min(1, p_j(x) / q_j(x)). Returns ok (B, n) and
-    targets (B, n + 1): at each j a draw from norm(max(0, p_j - q_j)), used only where draft j is
-    the first rejected one, and at n a draw from p_n, the token after a fully kept block. Then the
-    emitted tokens are distributed as draws from p (docs/method.md, Exact sampling).
-    """
+    """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023) on drafts (B, n)
+    drawn from q (B, n, V); p (B, n + 1, V). Draft x at slot j is kept with probability
+    min(1, p_j(x) / q_j(x)). Returns ok (B, n) and targets (B, n + 1): at each j a draw from
+    norm(max(0, p_j - q_j)), used only where draft j is the first rejected one, and at n a draw
+    from p_n, the token after a fully kept block. Then the emitted tokens are distributed as draws
+    from p (docs/method.md, Exact sampling)."""
     B, n = drafts.shape
     p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
     q_x = q.gather(-1, drafts[..., None])[..., 0]
@@ -185,11 +190,10 @@ def next_block_size(k, n_drafts, n_ok, patience, wait, K):
 
     Rule: every draft kept -> the block doubles (at most K); a draft rejected -> the block shrinks
     to n_ok + 1, what survived plus NTP's token. So a row whose drafts keep failing decodes with
-    blocks of 1: plain NTP, one token fed per forward and nothing drafted. Such a row tries k = 2
-    again after `patience` blocks; its patience doubles after each failed try (up to MAX_PATIENCE)
-    and resets once drafts survive, as dynamic draft lengths in speculative decoding back off.
-    Returns (k, patience, wait).
-    """
+    blocks of 1: plain NTP, one token fed per forward and nothing drafted (exact_generate's
+    ntp_step). Such a row tries k = 2 again after `patience` blocks; its patience doubles after each
+    failed try (up to MAX_PATIENCE) and resets once drafts survive, as dynamic draft lengths in
+    speculative decoding back off. Returns (k, patience, wait)."""
     if n_drafts == 0:  # nothing to judge by: a block of 1 waits for its next try
         wait = max(wait - 1, 0)
         return (2 if k == 1 and wait == 0 else k), patience, wait
@@ -214,10 +218,9 @@ class Rows:
             settings = settings.replace(gamma=ONE_FORWARD)
         self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
         self.stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
-        self.out = [[] for _ in range(B)]  # checked tokens
+        self.out, self.done = [[] for _ in range(B)], [False] * B  # checked tokens; row done
         self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
         self.pending_revealed_by = [[] for _ in range(B)]  # forward of its block, per pending slot
-        self.done = [False] * B
         self.k, self.patience, self.wait = [K] * B, [1] * B, [0] * B  # the block size's state
         self.kb = [0] * B  # slots of the block being drafted (0: the next forward only checks)
         self.block_start = [0] * B  # index of the block's first token among the row's tokens
@@ -234,12 +237,16 @@ class Rows:
         for b in range(B):
             self.new_block(b)
 
-    def new_block(self, b):
-        """Row b's next block: masks after its pending tokens, or none if they end the row."""
+    def block_size(self, b):
+        """Slots of row b's next block: 0 if its pending tokens end the row."""
         pending = self.pending[b]
         room = self.max_new_tokens - len(self.out[b]) - (len(pending) - 1)
         last = len(pending) > 1 and pending[-1] in self.settings.stop_ids or room == 0
-        self.kb[b] = 0 if last else min(self.k[b], room)
+        return 0 if last else min(self.k[b], room)
+
+    def new_block(self, b):
+        """Row b's next block: masks after its pending tokens, or none if they end the row."""
+        self.kb[b] = self.block_size(b)
         self.block[b] = self.settings.mask_id
         self.is_masked[b] = torch.arange(self.K, device=self.block.device) < self.kb[b]
         self.revealed_by[b], self.forwards[b] = -1, 0
@@ -256,12 +263,12 @@ class Rows:
         """Check what each row's forward committed. -> per row: its Check (None: nothing
         committed), whether it rejected a draft, whether its new block's slot 0 was revealed.
 
-        pending (B, P): each row's checked token then its drafts, padded; causal (B, P, V).
-        """
+        pending (B, P): each row's checked token then its drafts, padded; causal (B, P, V)."""
         ok, targets = self.accept(pending[:, 1:], causal, generator)  # draft j: causal slot j
-        n_drafts = [max(n - 1, 0) for n in n_prev]
-        n_ok = leading(ok, torch.tensor(n_drafts, device=ok.device)).tolist()
-        targets = targets.tolist()
+        n_drafts, P = [max(n - 1, 0) for n in n_prev], pending.size(1)
+        both = torch.cat([ok, targets], dim=1).tolist()  # one transfer: (B, 2P - 1)
+        n_ok = [next((j for j in range(n) if not row[j]), n) for row, n in zip(both, n_drafts)]
+        targets = [row[P - 1:] for row in both]  # as leading(ok, n_drafts), on the host
         checks, rejected, first = [None] * len(n_prev), [False] * len(n_prev), [False] * len(n_prev)
         for b in (b for b in range(len(n_prev)) if n_prev[b]):
             a, n, drafted = n_ok[b], n_drafts[b], self.pending[b][1:]
@@ -300,13 +307,13 @@ class Rows:
         return accept_sampled(drafts, q, F.softmax(logits, dim=-1), generator)
 
     def draft(self, logits, drafting, generator):
-        """The reveal rule on the rows still drafting; logits (B, W, V) of the first W block slots.
-        -> revealed (B, K) bool."""
+        """The reveal rule on the rows still drafting (a list of bools); logits (B, W, V) of the
+        first W block slots. -> revealed (B, K) bool."""
         W = logits.size(1)
-        masked = self.is_masked[:, :W] & drafting[:, None]
         revealed_all = torch.zeros_like(self.is_masked)
-        if not masked.any():
+        if not any(drafting):  # a drafting row always has a masked slot: no sync to ask
             return revealed_all
+        masked = self.is_masked[:, :W] & torch.tensor(drafting, device=logits.device)[:, None]
         block, revealed, q = reveal_step(logits, self.block[:, :W], masked, self.settings,
                                          generator, with_q=True)
         if q is not None:  # keep each draw's distribution q for the acceptance rule
@@ -321,14 +328,12 @@ class Rows:
         """Rows among candidates whose block is complete (no mask left, or a stop token with every
         slot before it revealed) make it their pending tokens and start the next block."""
         complete = stop_reached(self.block, self.is_masked, self.stop) | ~self.is_masked.any(1)
-        complete = [b for b in candidates if complete[b]]
-        if not complete:
-            return
-        blocks, revealed_by = self.block[complete].tolist(), self.revealed_by[complete].tolist()
-        if self.q is not None:
+        state = torch.cat([complete[:, None], self.block, self.revealed_by], dim=1).tolist()
+        complete = [b for b in candidates if state[b][0]]  # (one transfer: flag, block, by)
+        if self.q is not None and complete:
             self.q_pending[complete] = self.q[complete, 1:]
-        for b, block, by in zip(complete, blocks, revealed_by):
-            block = block[:self.kb[b]]
+        for b in complete:
+            block, by = state[b][1:self.kb[b] + 1], state[b][self.K + 1:]  # the row's kb slots
             n_keep = next((i for i, t in enumerate(block) if t in self.settings.stop_ids),
                           len(block) - 1)
             self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], by[:self.kb[b]]
@@ -337,11 +342,9 @@ class Rows:
     def step_record(self, revealed, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row
         that only checked or whose new block was dropped), what it revealed, and its Check."""
-        tokens, shown = [], []
-        for b in range(len(self.out)):
-            kb = self.kb[b] if b in active and not rejected[b] else 0
-            tokens.append(self.block[b, :kb].cpu().clone())
-            shown.append(revealed[b, :kb].cpu())
+        kb = [self.kb[b] if b in active and not rejected[b] else 0 for b in range(len(self.out))]
+        tokens = [self.block[b, :n].cpu().clone() for b, n in enumerate(kb)]
+        shown = [revealed[b, :n].cpu() for b, n in enumerate(kb)]
         return Step(list(self.block_start), tokens, shown, checks)
 
 
@@ -358,11 +361,11 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
 
     prompt (B, T0), rows of equal length; settings.exact need not be set. Every forward feeds, per
     row, its pending tokens (a checked token and the drafts to check) and its block (k slots to
-    draft, or the block alone in the block's later forwards), padded to the batch's widest. Greedy
-    at temperature 0; sampling needs settings.rule = 'left' (docs/method.md, Exact sampling).
-    Returns (tokens, stats) as sbd_generate, with per-row stats.accepted, rejected, wasted_forwards
-    (forwards whose every reveal was rejected) and final_checks (forwards that only checked).
-    """
+    draft, or the block alone in the block's later forwards), padded to the batch's widest; rows
+    all at blocks of 1 take NTP's step. Greedy at temperature 0; sampling needs settings.rule =
+    'left' (docs/method.md, Exact sampling). Returns (tokens, stats) as sbd_generate, with per-row
+    stats.accepted, rejected, wasted_forwards (forwards whose every reveal was rejected) and
+    final_checks (forwards that only checked)."""
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
@@ -370,19 +373,22 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), B)
     _, prefill_info = prefill(model, prompt, cache)
     rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size)
+    bias = HybridBias(cache.max_len, next(model.parameters()).dtype, device)
     widths, steps = [], [] if record_steps else None
     while not all(rows.done):
-        logits, pending, n_prev, fed = lockstep_forward(model, cache, rows)
+        if not record_steps and ntp_step(model, cache, rows, generator):  # blocks of 1: NTP's
+            widths.append(1)
+            continue
+        logits, pending, n_prev, fed = lockstep_forward(model, cache, rows, bias)
         P = pending.size(1)
         widths.append(logits.size(1))
         active = [b for b in range(B) if not rows.done[b] and rows.kb[b]]  # drafting before checks
         checks, rejected, first = rows.check(cache, pending, logits[:, :P], n_prev, generator)
         drafting = [b in active and not rows.done[b] and not rejected[b] and fed[b] > 0
                     for b in range(B)]
-        drafting = torch.tensor(drafting, device=device)
         revealed = rows.draft(logits[:, P:], drafting, generator)
         revealed[:, 0] |= torch.tensor(first, device=device)
-        rows.forwards += drafting[:, None]
+        rows.forwards += torch.tensor(drafting, device=device)[:, None]
         if record_steps:
             steps.append(rows.step_record(revealed, checks, rejected, active))
         rows.finish_blocks([b for b in active if not rows.done[b] and not rejected[b]])
@@ -391,13 +397,34 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     return rows.out, stats
 
 
-def lockstep_forward(model, cache, rows):
-    """One forward of every row's pending tokens and block, padded to the widest row.
-    -> (logits (B, P + W, V), pending (B, P), n_prev and fed: per row, its pending tokens and the
-    block slots it fed)."""
+def ntp_step(model, cache, rows, generator):
+    """If every row is at blocks of 1 with no draft to check (adaptive, drafts failing; or k = 1),
+    one forward as NTP's step (a token each, no mask) with the lockstep path's tokens, random draws
+    and stats, but not its padding, masks and draft bookkeeping. -> its width (0: not taken)."""
+    if (any(rows.done) or len(set(cache.lengths)) > 1
+            or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending))):
+        return 0
+    logits, _ = model(torch.tensor(rows.pending, device=rows.block.device), cache=cache)
+    for b, token in enumerate(next_token(logits[:, -1], rows.settings, generator).tolist()):
+        rows.stats["nfe"][b] += 1
+        if rows.settings.adaptive:  # a check of no drafts: one block nearer the next try
+            rows.k[b], rows.patience[b], rows.wait[b] = next_block_size(
+                rows.k[b], 0, 0, rows.patience[b], rows.wait[b], rows.K)
+        rows.block_start[b] = len(rows.out[b])
+        rows.emit(b, [token])
+        rows.pending[b], rows.pending_revealed_by[b] = [token], [0]
+        if rows.block_size(b) != 1:  # its blocks grow: the block tensors start the new one
+            rows.new_block(b)
+    return 1
+
+
+def lockstep_forward(model, cache, rows, bias):
+    """One forward of every row's pending tokens and block, padded to the widest row; bias: the
+    HybridBias of the batch-1 path. -> (logits (B, P + W, V), pending (B, P), n_prev and fed: per
+    row, its pending tokens and the block slots it fed)."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
     # block slots fed: none in a forward that only checks, nor for a 1-slot block being committed
-    # into (its one token comes from the causal logits)
+    # into (the causal logits give its one token)
     fed = [0 if done or n and kb == 1 else kb for done, n, kb in zip(rows.done, n_prev, rows.kb)]
     P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id
     pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
@@ -405,18 +432,17 @@ def lockstep_forward(model, cache, rows):
                            device=rows.block.device)
     if len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1
         tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W): no padding
-        logits = hybrid_forward(model, cache, tokens, P)
+        pos, mask = None, bias(cache.length, P + W, P)  # slot positions, hybrid_mask's bias
     else:
         tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
-        logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
+    logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
     for b in range(len(n_prev)):
         cache.forget(b, P - n_prev[b])  # the padding was committed with the pending tokens
         rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])
     return logits, pending, n_prev, fed
 
 
-def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None,
-           record_steps=False):
+def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None, record_steps=False):
     """Decode a batch of prompts as the settings say -> (token lists, DecodeStats): NTP decoding
     with ntp=True (the baseline: the settings' stop and mask tokens and sampling), else exact SBD
     if settings.exact, else plain SBD. sample.py, evaluate.py and the benchmarks decode here."""
