@@ -277,22 +277,28 @@ def draw_sweep(model, task, base, calibration, ntp_val, o, out_dir, trained_k):
 def resolve_options(task, options):
     """OPTIONS with the caller's values, unset ones (0, ()) from the task kind's DEFAULTS; a value
     out of range is a one-line error."""
-    o = {**OPTIONS, **options}
+    o = check_options({**OPTIONS, **options})
     defaults = DEFAULTS["small" if isinstance(task, CharTask) else "benchmark"]
     o["grid"] = o["gamma_grid"] or defaults["grid"]
     for key in ("batch_size", "exact_val_problems", "timing_problems"):
         o[key] = o[key] or defaults[key]
     o["exact_batch_size"] = o["exact_batch_size"] or o["batch_size"]
+    return o
+
+
+def check_options(o):
+    """A setting out of its range is a one-line error, before anything loads. -> o"""
     for key in ("batch_size", "exact_batch_size", "exact_val_problems", "timing_problems",
-                "picture_problems", "max_new_tokens"):
-        require(o[key] >= 1, f"{key} must be >= 1 (0: the default), got {o[key]}")
-    require(o["max_problems"] >= 0, f"max_problems must be >= 0 (0: all), got {o['max_problems']}")
+                "max_problems"):
+        require(o[key] >= 0, f"{key} must be >= 1, or 0 for the default; got {o[key]}")
+    for key in ("picture_problems", "max_new_tokens"):
+        require(o[key] >= 1, f"{key} must be >= 1, got {o[key]}")
     require(0 <= o["low_target"] <= o["high_target"],
             f"need 0 <= low_target <= high_target, got {o['low_target']}, {o['high_target']}")
     for key in ("ks", "picture_ks"):
         require(all(k >= 1 for k in o[key]), f"{key}: block sizes must be >= 1, got {o[key]}")
     require(o["ks"], "ks: name at least one block size, e.g. --ks=(8,16)")
-    for key in ("grid", "exact_gammas"):
+    for key in ("gamma_grid", "exact_gammas"):
         require(all(g >= 0 for g in o[key]), f"{key}: γ values must be >= 0, got {o[key]}")
     return o
 
@@ -321,6 +327,7 @@ def main(argv):
     """python evaluate.py [--key=value ...]: OPTIONS' keys."""
     o = dict(OPTIONS)
     configure(o, argv)
+    check_options(o)
     device = pick_device(o.pop("device"))
     out_dir, benchmark = o["out_dir"], o["benchmark"]
     run = reference = fp32_models = None

@@ -596,17 +596,20 @@ def model_from_checkpoint(checkpoint, device):
 
 
 def check_state_dict(model, state, source):
-    """A clear error for a missing, unexpected or misshapen tensor (load_state_dict's is terse)."""
-    expected = model.state_dict()
+    """A clear error unless state has exactly the model's tensors, each of the model's shape
+    (load_state_dict's own is terse). The loaders of pretrained/ check with it too."""
+    expected = model.state_dict()  # on the meta device: names and shapes, no memory
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise ConfigError(f"{source} does not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+        few = lambda names: ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        raise ConfigError(f"{source}: checkpoint does not match the model. Missing: "
+                          f"[{few(missing)}]; unexpected: [{few(unexpected)}]")
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ConfigError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, "
-                             f"the model expects {tuple(expected[name].shape)}")
+            raise ConfigError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the "
+                              f"model expects {tuple(expected[name].shape)} (does the config "
+                              "match the weights?)")
 
 
 def load_checkpoint(path, device="cpu"):

@@ -55,6 +55,7 @@ configure(globals(), sys.argv[1:])
 require(mode in ("sbd", "ntp", "both"), f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
 require(gamma >= 0 or gamma == -1, f"gamma must be >= 0, or -1 for the calibrated one; got {gamma}")
 require(k >= 0, f"k must be >= 1, or 0 for the calibrated one; got {k}")
+require(temperature >= 0, f"temperature must be >= 0 (0: greedy), got {temperature}")
 require(top_k >= 0, f"top_k must be >= 1, or 0 for all tokens; got {top_k}")
 require(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
 require(max_new_tokens >= 1 and num_samples >= 1,

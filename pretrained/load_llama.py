@@ -34,7 +34,7 @@ import sys
 import torch
 
 from configurator import ConfigError
-from model import Llama, LlamaConfig, rope_frequencies
+from model import Llama, LlamaConfig, check_state_dict, rope_frequencies
 
 # -----------------------------------------------------------------------------
 # safetensors: 8-byte little-endian header size N, N bytes of JSON, then the raw tensor bytes
@@ -233,26 +233,6 @@ def hf_unpermute(w, n_heads):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
-
-
-def short_list(names, n=8):
-    return ", ".join(names[:n]) + (f", ... ({len(names) - n} more)" if len(names) > n else "")
-
-
-def check_state_dict(model, state_dict, source):
-    """Raise a clear error unless state_dict has exactly the model's tensors, each with the model's
-    shape."""
-    expected = model.state_dict()  # built on the meta device: names and shapes, no memory
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    if missing or unexpected:
-        raise ConfigError(f"{source}: checkpoint does not match the model. Missing: "
-                         f"[{short_list(missing)}]; unexpected: [{short_list(unexpected)}]")
-    for name, t in state_dict.items():
-        if t.shape != expected[name].shape:
-            raise ConfigError(f"{source}: tensor {name!r} has shape {tuple(t.shape)}, the model "
-                             f"expects {tuple(expected[name].shape)} (does the config match the "
-                             "weights?)")
 
 
 def assign_weights(model, state_dict, device, dtype):

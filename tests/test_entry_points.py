@@ -46,3 +46,43 @@ def test_a_bug_still_shows_its_traceback(tmp_path):
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=ROOT))
     assert run.returncode == 1 and "Traceback" in run.stderr and "IndexError" in run.stderr
+
+
+def one_line_error(argv, message):
+    run = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_a_cut_or_foreign_checkpoint_is_one_line(tmp_path):
+    import torch
+
+    whole = tmp_path / "whole.pt"
+    torch.save({"model": {"w": torch.zeros(1000)}, "model_family": "gpt"}, whole)
+    for name in ("ckpt_sbd.pt", "ckpt_ntp.pt"):
+        (tmp_path / name).write_bytes(whole.read_bytes()[:2000])  # a copy cut short
+    foreign = tmp_path / "foreign.pt"
+    torch.save([1, 2, 3], foreign)  # another program's file
+    for script in ("sample.py", "evaluate.py"):
+        one_line_error([script, f"--out_dir={tmp_path}"], "is not a readable checkpoint")
+    one_line_error(["sample.py", f"--ckpt={foreign}"], "is not a checkpoint of train.py")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("--gamma=-5", "gamma must be >= 0, or -1 for the calibrated one"),
+    ("--temperature=-1", "temperature must be >= 0"),
+    ("--top_p=1.5", "top_p must be in (0, 1]"),
+    ("--k=-2", "k must be >= 1, or 0 for the calibrated one"),
+])
+def test_sample_settings_out_of_range_are_one_line(setting, message):
+    one_line_error(["sample.py", "--out_dir=/nonexistent", setting], message)
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("--low_target=2", "need 0 <= low_target <= high_target"),
+    ("--ks=(0,)", "ks: block sizes must be >= 1"),
+    ("--batch_size=-1", "batch_size must be >= 1"),
+])
+def test_evaluate_settings_out_of_range_are_one_line(setting, message, tmp_path):
+    one_line_error(["evaluate.py", "--out_dir=/nonexistent", setting], message)

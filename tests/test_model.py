@@ -337,7 +337,7 @@ def test_load_checkpoint_round_trip_and_shape_mismatch(family, tmp_path):
             "llama-tiny": "layers.1.attention.wk.weight"}[family]
     checkpoint["model"][name] = checkpoint["model"][name][:-1]  # one row short
     model_lib.save_checkpoint(checkpoint, path)
-    with pytest.raises(ValueError, match=rf"tensor {name} has shape"):
+    with pytest.raises(ValueError, match=rf"tensor '{name}' has shape"):
         model_lib.load_checkpoint(path)
 
 
