@@ -183,9 +183,13 @@ def fast_prefill(fast, prompt):
     return Positions(1, 1, first=T0 - 1)
 
 
+@torch.inference_mode()
 def greedy_steps(step, pending, at, n, mask_id=None):
     """n greedy next-token steps from pending (B, 1) at Positions at -> (B, n) new tokens."""
     out = torch.empty(pending.size(0), n, dtype=torch.long)  # (B, n)
+    # a copy made here, an inference tensor of argmax's strides as every later pending: a prompt's
+    # slice (made outside inference_mode, strided) fails the compiled step's guards: a recompile
+    pending = pending.reshape(-1).clone().view(-1, 1)  # (B, 1)
     for i in range(n):
         logits = step(pending, at.pos, at.start)  # (B, 1, V)
         pending = suppress_mask(logits[:, -1], mask_id).argmax(dim=-1, keepdim=True)  # (B, 1)
