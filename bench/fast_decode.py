@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
+from model import apply_rotary
 from sampling import suppress_mask
 
 
@@ -62,13 +63,6 @@ def rms_norm(x, weight, eps):
     """model.RMSNorm: in fp32 (Meta's reference), cast back, then scaled."""
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
-
-
-def rotate(x, cos, sin):
-    """model.apply_rotary (Meta's interleaved pairs, in fp32): x (B, h, T, hd), cos (T, hd/2)."""
-    x_pairs = x.float().unflatten(-1, (-1, 2))  # (B, h, T, hd/2, 2)
-    x0, x1 = x_pairs[..., 0], x_pairs[..., 1]
-    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], -1).flatten(-2).type_as(x)
 
 
 def grouped_attention(q, k, v, bias):
@@ -123,8 +117,8 @@ class FastLlama(nn.Module):
         B, T, _ = x.shape
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         q, k, v = F.linear(x, layer.wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = rotate(q.view(B, T, nh, hd).transpose(1, 2), cos, sin)  # (B, nh, T, hd)
-        k = rotate(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
+        q = apply_rotary(q.view(B, T, nh, hd).transpose(1, 2), cos, sin)  # (B, nh, T, hd)
+        k = apply_rotary(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
         layer.k_cache[:, :, pos] = k  # (B, nkv, max_len, hd), in place
         layer.v_cache[:, :, pos] = v.view(B, T, nkv, hd).transpose(1, 2)
         y = grouped_attention(q, layer.k_cache, layer.v_cache, bias)  # (B, nh, T, hd)
