@@ -1,7 +1,7 @@
 """
 Decoders' outputs, pinned: decode the same prompts in every mode and save (or compare) tokens,
 DecodeStats (timings left out) and recorded steps, so that a change meant to be speed-only can be
-shown to change nothing (issue 33).
+shown to change nothing.
 
     python bench/equivalence.py save /tmp/new.pkl
     PYTHONPATH=/tmp/head_tree python bench/equivalence.py save /tmp/head.pkl  # another checkout

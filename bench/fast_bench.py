@@ -29,7 +29,7 @@ tokens = 128  # tokens decoded per timed run (llama-bench: -n tokens)
 reps = 5  # interleaved repetitions of every contender
 threads = 2  # torch threads and llama-bench -t
 ks = (8, 16)  # block sizes k: the block step feeds k + 1 tokens
-tokens_per_forward = 2.25  # exact SBD's tokens per forward on a trained SmolLM2 (issue 33)
+tokens_per_forward = 2.25  # exact SBD's tokens per forward on SmolLM2 (README, Table 1)
 dtype = "auto"  # the fast step's: 'auto' = bf16 where the CPU computes it natively
 llama_bench = ""  # path to llama.cpp's llama-bench binary; '' skips it
 prompt = "The capital of France is"

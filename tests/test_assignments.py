@@ -490,7 +490,7 @@ def test_the_writeup_checks_can_fail(collected, measured):
     a = BY_NUMBER[2]
     text = writeup(a)
     assert writeup_problems(a, text) == count_problems(a, text, collected) == []
-    changes = {  # what a stale write-up said (issue 28)
+    changes = {  # what a stale write-up once said
         "noisy_start left out": ("noisy_start=None):", "):"),
         "the noisy half as 2L": ("idx (B, T) long", "idx (B, 2 * L) long"),
         "a dtype": ("is_masked (B, L) bool", "is_masked (B, L) long"),

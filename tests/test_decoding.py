@@ -502,7 +502,7 @@ def test_bench_script_runs():
         assert "speed-up" in done.stdout or "wall clock vs NTP" in done.stdout
 
 # -----------------------------------------------------------------------------
-# the decode forward's fixed costs (issue 10): cut, with the same numbers
+# the decode forward's fixed costs: cut, with the same numbers
 
 
 def test_attention_bias_is_what_sdpa_makes_of_the_bool_mask():
