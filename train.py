@@ -18,7 +18,7 @@ on the same data for the same steps. out_dir/ckpt_resume.pt holds what is needed
 A checkpoint is one dict: model (state dict), model_family ('gpt' or 'llama'), model_args, stage
 ('ntp' or 'sbd'), config (this run's settings), tokenizer (how to rebuild it), dataset and
 data_version (the data it was trained on), mask_id and stop_ids (what decoding needs), iter_num;
-ckpt_resume.pt adds optimizer. settings.py turns one into decoding settings.
+ckpt_resume.pt adds optimizer. sampling.settings_for turns one into decoding settings.
 
 The defaults below are the demo's recipe (config/sbd_small.py states the same values), each
 chosen as docs/findings.md explains; the paper's own values are noted where they differ.
@@ -373,8 +373,8 @@ while iter_num < total_iters:
             print(f"iter {iter_num}: NTP loss train {losses['train'][0]:.4f} "
                   f"val {losses['val'][0]:.4f} | masked-token loss (k=8) train "
                   f"{losses['train'][1]:.4f} val {losses['val'][1]:.4f}")
-            with open(log_path, "a") as f:
-                f.write(json.dumps(dict(iter=iter_num, stage=stage, eval=losses)) + "\n")
+            with open(os.path.join(out_dir, "eval.jsonl"), "a") as f:  # log.jsonl: the steps
+                f.write(json.dumps(dict(iter=iter_num, stage=stage, **losses)) + "\n")
         save_resume()
     sbd_step = iter_num - ntp_iters
     if stage == "sbd" and snapshot_interval and sbd_step % snapshot_interval == 0:

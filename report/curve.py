@@ -7,7 +7,7 @@ problems and writes out_dir/curve.json and curve.png.
     python -m report.curve --out_dir=out-sbd-smollm2-curve --benchmark=data/wordproblems/val.jsonl
 
 Per snapshot, on the first `problems` rows held out of the benchmark (seed 0):
-- masked-token val loss: train.py's estimate at that step (log.jsonl), k = 8;
+- masked-token val loss: train.py's estimate at that step (eval.jsonl), k = 8;
 - NTP decoding accuracy of the snapshot itself;
 - next-token decoding through the masked-token head: plain SBD with rule 'left' and γ = 0 reveals
   one slot per forward, left to right, each from the masked-token logits (slot 0 of a block from
@@ -56,15 +56,16 @@ def snapshots(out_dir):
 
 
 def logged_losses(out_dir, ntp_iters):
-    """{SBD step: masked-token val loss} from train.py's log.jsonl."""
+    """{SBD step: masked-token val loss} from train.py's eval.jsonl ({"iter", "stage", "train":
+    [NTP loss, masked-token loss], "val": [...]} per estimate)."""
     losses = {}
-    path = os.path.join(out_dir, "log.jsonl")
+    path = os.path.join(out_dir, "eval.jsonl")
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 row = json.loads(line)
-                if "eval" in row and row["stage"] == "sbd":
-                    losses[row["iter"] - ntp_iters] = row["eval"]["val"][1]
+                if row["stage"] == "sbd":
+                    losses[row["iter"] - ntp_iters] = row["val"][1]
     return losses
 
 

@@ -67,7 +67,10 @@ class LeftPadded(torch.nn.Module):
                 own = dense_mask(lambda q, kv: kv == q, T, n_cached + T, n_cached, idx.device)
                 mask = dense_mask(causal_mask, T, n_cached + T, n_cached, idx.device)
         real = torch.arange(mask.size(-1), device=idx.device) >= self.n_pad[:, None]  # (B, S)
-        mask = mask & real[:, None, :]  # (B, T, S): no filler key
+        if mask.dtype == torch.bool:
+            mask = mask & real[:, None, :]  # (B, T, S): no filler key
+        else:  # an additive bias (exact SBD's batch path): -inf on filler keys
+            mask = torch.where(real[:, None, :], mask, float("-inf"))
         if own is not None:
             mask = mask | own
         pos = (pos - self.n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0

@@ -77,8 +77,8 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
 
 
 def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
-    """--snapshot_interval keeps the SBD stage's weights every n steps, the logged val losses go
-    to log.jsonl, and report.curve decodes every snapshot once (a second call adds nothing)."""
+    """--snapshot_interval keeps the SBD stage's weights every n steps, the estimated losses go
+    to eval.jsonl, and report.curve decodes every snapshot once (a second call adds nothing)."""
     out = tmp_path / "curve"
     run = train(f"--init_from={tiny_gguf}", f"--out_dir={out}", "--ntp_iters=0", "--sbd_iters=4",
                 "--batch_size=2", "--sbd_batch_size=2", "--seq_len=400", "--eval_interval=2",
