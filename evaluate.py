@@ -36,7 +36,7 @@ from pretrained.loading import load_baseline, load_models, load_run, pretrained_
 from report.summary import machine, print_paired, summary_rows, write_json
 from report.sweep import curves, plot_sweep
 from report.views import fp32_identity, step_views, wall_clock
-from sampling import settings_for, write_calibration
+from sampling import ONE_FORWARD, settings_for, write_calibration
 from tasks import CharTask, task_of_checkpoint
 from tasks.solve import skip_long_prompts, solve, tokens_per_forward
 
@@ -48,7 +48,7 @@ SATURATED = 1.02  # the sweep stops once a larger γ gains less than 2% tokens p
 # a real model is far less over-confident: around the paper's γ (reasoning 0.1 / 0.35, chat 0.35 /
 # 0.6; docs/method.md, The paper's results)
 LLAMA_GAMMA_GRID = [0.05, 0.1, 0.2, 0.35, 0.5, 0.6, 0.8, 1.0]
-EXACT_GRID = [0.01, 0.1, 1.0, 1e9]  # 1e9: every masked token at once, one forward per block
+EXACT_GRID = [0.01, 0.1, 1.0, ONE_FORWARD]  # the last: every masked token at once
 # settings left unset: the demo decodes a problem in milliseconds on a CPU, a Llama on a benchmark
 # in seconds on a GPU, so there the batch-1 parts (the exact mode's γ, the wall clock) use fewer
 # problems

@@ -26,20 +26,8 @@ def spread(values, digits=2):
             f"{max(values):.{digits}f}]")
 
 
-def best_time(fn, n):
-    """The fastest of n calls of fn() after one warm-up: a ceiling is what the machine can do
-    undisturbed."""
-    fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def median_time(fn, reps, warmup):
-    """The median seconds of reps calls of fn(), after warmup untimed ones."""
+def timings(fn, reps, warmup):
+    """Seconds of each of reps calls of fn(), after warmup untimed ones."""
     for _ in range(warmup):
         fn()
     times = []
@@ -47,7 +35,18 @@ def median_time(fn, reps, warmup):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def best_time(fn, n):
+    """The fastest of n calls of fn() after one warm-up: a ceiling is what the machine can do
+    undisturbed."""
+    return min(timings(fn, n, 1))
+
+
+def median_time(fn, reps, warmup):
+    """The median seconds of reps calls of fn(), after warmup untimed ones."""
+    return statistics.median(timings(fn, reps, warmup))
 
 
 def measure_peak(dtype=torch.float32):

@@ -3,10 +3,11 @@ The γ sweep as a picture (sweep.png): val accuracy against tokens per forward, 
 size, from the smallest γ to revealing every masked position at once, the exact mode as a star.
 """
 
+from sampling import ONE_FORWARD
 from tasks.solve import solve, tokens_per_forward
 
-TAIL = (0.1, 1.0, 1e9)  # the picture goes on past the choice, up to revealing everything at once
-CURVE_GRID = (1e-3, 0.01, 0.1, 1.0, 1e9)  # a block size that is only drawn
+TAIL = (0.1, 1.0, ONE_FORWARD)  # past the choice, up to revealing everything at once
+CURVE_GRID = (1e-3, 0.01, 0.1, 1.0, ONE_FORWARD)  # a block size that is only drawn
 
 
 def curves(model, task, base, calibration, extra_ks, n, batch_size, exact_batch_size):
@@ -27,7 +28,7 @@ def curves(model, task, base, calibration, extra_ks, n, batch_size, exact_batch_
         out[k] = dict(points=c["sweep"] + tail, exact=max(t for _, t in c["exact_sweep"]),
                       low=c["low"], high=c["high"])
     for k in extra_ks:
-        exact = solve(model, task, val, base.replace(k=k, gamma=1e9, exact=True),
+        exact = solve(model, task, val, base.replace(k=k, gamma=ONE_FORWARD, exact=True),
                       batch_size=exact_batch_size)
         out[k] = dict(points=[point(k, g) for g in CURVE_GRID], exact=tokens_per_forward(exact),
                       low=None, high=None)
