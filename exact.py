@@ -47,13 +47,11 @@ MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before tryin
 
 
 class RowCache(KVCache):
-    """A KV cache in which every row keeps its own length. It adopts the buffers of the model's
-    KVCache (self.k[layer], self.v[layer]: (B, n_kv_head, max_len, head_dim)). Row b's committed
-    tokens sit in slots [0, lengths[b]). While every row has the same length (always at batch 1) a
-    forward is KVCache's. Otherwise a forward of T new tokens writes row b's keys and values to
-    slots [lengths[b], lengths[b] + T) and attends over slots [0, max(lengths) + T): slots past a
-    row's own new tokens hold stale scratch, which the caller's mask hides. commit(n) commits the
-    first n new tokens of every row; rows forget a surplus (padding, rejected drafts), forget()."""
+    """A KV cache (the model's KVCache's buffers, (B, n_kv_head, max_len, head_dim) per layer) in
+    which row b's committed tokens sit in slots [0, lengths[b]). With equal lengths (always at
+    batch 1) a forward is KVCache's; else row b's T new keys go to slots [lengths[b], lengths[b] +
+    T), attending over [0, max(lengths) + T): the caller's mask hides the stale slots. commit(n)
+    commits every row's first n new tokens; forget(b, n) drops a surplus (padding, drafts)."""
 
     def __init__(self, cache, batch_size):
         self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
@@ -339,6 +337,21 @@ class Rows:
             self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], by[:self.kb[b]]
             self.new_block(b)
 
+    def settle(self, cache, logits, pending, n_prev, fed, generator=None, record=False):
+        """Check, draft and finish blocks after a forward of pending (B, P) and W block slots,
+        logits (B, P + W, V) (lockstep_forward's outputs) -> its Step if record, else None."""
+        B, P, device = len(n_prev), pending.size(1), logits.device
+        active = [b for b in range(B) if not self.done[b] and self.kb[b]]  # drafting before checks
+        checks, rejected, first = self.check(cache, pending, logits[:, :P], n_prev, generator)
+        drafting = [b in active and not self.done[b] and not rejected[b] and fed[b] > 0
+                    for b in range(B)]
+        revealed = self.draft(logits[:, P:], drafting, generator)
+        revealed[:, 0] |= torch.tensor(first, device=device)
+        self.forwards += torch.tensor(drafting, device=device)[:, None]
+        step = self.step_record(revealed, checks, rejected, active) if record else None
+        self.finish_blocks([b for b in active if not self.done[b] and not rejected[b]])
+        return step
+
     def step_record(self, revealed, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row
         that only checked or whose new block was dropped), what it revealed, and its Check."""
@@ -363,44 +376,33 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     row, its pending tokens (a checked token and the drafts to check) and its block (k slots to
     draft, or the block alone in the block's later forwards), padded to the batch's widest; rows
     all at blocks of 1 take NTP's step. Greedy at temperature 0; sampling needs settings.rule =
-    'left' (docs/method.md, Exact sampling). Returns (tokens, stats) as sbd_generate, with per-row
-    stats.accepted, rejected, wasted_forwards (forwards whose every reveal was rejected) and
-    final_checks (forwards that only checked)."""
+    'left' (docs/method.md, Exact sampling). -> (tokens, stats) as sbd_generate's, with per-row
+    accepted, rejected, wasted_forwards (all reveals rejected), final_checks (only checked)."""
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    B, device = prompt.size(0), prompt.device
-    cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), B)
+    cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), prompt.size(0))
     _, prefill_info = prefill(model, prompt, cache)
     rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size)
-    bias = HybridBias(cache.max_len, next(model.parameters()).dtype, device)
-    widths, steps = [], [] if record_steps else None
+    bias = HybridBias(cache.max_len, next(model.parameters()).dtype, prompt.device)
+    widths, steps = [], []  # steps: each forward's Step, or None when not recorded
     while not all(rows.done):
         if not record_steps and ntp_step(model, cache, rows, generator):  # blocks of 1: NTP's
             widths.append(1)
             continue
         logits, pending, n_prev, fed = lockstep_forward(model, cache, rows, bias)
-        P = pending.size(1)
         widths.append(logits.size(1))
-        active = [b for b in range(B) if not rows.done[b] and rows.kb[b]]  # drafting before checks
-        checks, rejected, first = rows.check(cache, pending, logits[:, :P], n_prev, generator)
-        drafting = [b in active and not rows.done[b] and not rejected[b] and fed[b] > 0
-                    for b in range(B)]
-        revealed = rows.draft(logits[:, P:], drafting, generator)
-        revealed[:, 0] |= torch.tensor(first, device=device)
-        rows.forwards += torch.tensor(drafting, device=device)[:, None]
-        if record_steps:
-            steps.append(rows.step_record(revealed, checks, rejected, active))
-        rows.finish_blocks([b for b in active if not rows.done[b] and not rejected[b]])
-    stats = DecodeStats(tokens=[len(out) for out in rows.out], widths=widths, steps=steps,
+        steps.append(rows.settle(cache, logits, pending, n_prev, fed, generator, record_steps))
+    stats = DecodeStats(tokens=[len(out) for out in rows.out], widths=widths,
+                        steps=steps if record_steps else None,
                         wall_time=time.perf_counter() - t0, **rows.stats, **prefill_info)
     return rows.out, stats
 
 
 def ntp_step(model, cache, rows, generator):
-    """If every row is at blocks of 1 with no draft to check (adaptive, drafts failing; or k = 1),
-    one forward as NTP's step (a token each, no mask) with the lockstep path's tokens, random draws
-    and stats, but not its padding, masks and draft bookkeeping. -> its width (0: not taken)."""
+    """If every row is at blocks of 1 with no draft to check (adaptive, drafts failing; k = 1):
+    NTP's forward (a token each, no mask) with the lockstep path's tokens, draws and stats, none
+    of its padding, masks and drafting. -> its width (0: not taken)."""
     if (any(rows.done) or len(set(cache.lengths)) > 1
             or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending))):
         return 0
@@ -419,9 +421,8 @@ def ntp_step(model, cache, rows, generator):
 
 
 def lockstep_forward(model, cache, rows, bias):
-    """One forward of every row's pending tokens and block, padded to the widest row; bias: the
-    HybridBias of the batch-1 path. -> (logits (B, P + W, V), pending (B, P), n_prev and fed: per
-    row, its pending tokens and the block slots it fed)."""
+    """One forward of every row's pending tokens and block, padded to the widest row (bias: the
+    batch-1 path's HybridBias) -> logits (B, P + W, V), pending (B, P), n_prev and fed per row."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
     # block slots fed: none in a forward that only checks, nor for a 1-slot block being committed
     # into (the causal logits give its one token)
@@ -443,8 +444,7 @@ def lockstep_forward(model, cache, rows, bias):
 
 
 def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None, record_steps=False):
-    """Decode a batch of prompts as the settings say -> (token lists, DecodeStats): NTP decoding
-    with ntp=True (the baseline: the settings' stop and mask tokens and sampling), else exact SBD
-    if settings.exact, else plain SBD. sample.py, evaluate.py and the benchmarks decode here."""
+    """Decode prompts as the settings say -> (token lists, DecodeStats): NTP with ntp=True (the
+    baseline, with the settings' stop and mask tokens and sampling), else exact or plain SBD."""
     run = ntp_generate if ntp else exact_generate if settings.exact else sbd_generate
     return run(model, prompt, settings, max_new_tokens, generator, record_steps)

