@@ -35,12 +35,13 @@ from generate import (
     check_prompt,
     new_cache,
     ntp_generate,
+    ntp_run,
     prefill,
     sbd_generate,
     stop_reached,
 )
 from model import KVCache, attention_bias
-from sampling import ONE_FORWARD, filter_logits, next_token, reveal_step, sample, suppress_mask
+from sampling import ONE_FORWARD, filter_logits, reveal_step, sample, suppress_mask
 from sbd import hybrid_mask
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
@@ -160,11 +161,10 @@ def accept_greedy(drafts, causal, mask_id):
 
 def accept_sampled(drafts, q, p, generator=None):
     """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023) on drafts (B, n)
-    drawn from q (B, n, V); p (B, n + 1, V). Draft x at slot j is kept with probability
-    min(1, p_j(x) / q_j(x)). Returns ok (B, n) and targets (B, n + 1): at each j a draw from
-    norm(max(0, p_j - q_j)), used only where draft j is the first rejected one, and at n a draw
-    from p_n, the token after a fully kept block. Then the emitted tokens are distributed as draws
-    from p (docs/method.md, Exact sampling)."""
+    drawn from q (B, n, V); p (B, n + 1, V). Draft x at slot j is kept with probability min(1,
+    p_j(x) / q_j(x)). -> ok (B, n), targets (B, n + 1): at each j a draw from norm(max(0, p_j -
+    q_j)), used where draft j is the first rejected, and at n a draw from p_n, the token after a
+    fully kept block. The emitted tokens are then draws from p (docs/method.md, Exact sampling)."""
     B, n = drafts.shape
     p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
     q_x = q.gather(-1, drafts[..., None])[..., 0]
@@ -175,12 +175,6 @@ def accept_sampled(drafts, q, p, generator=None):
     residual = torch.where(empty, p[:, :n], residual)
     targets = sample(torch.cat([residual, p[:, n:]], dim=1), generator)  # multinomial normalises
     return ok, targets
-
-
-def leading(ok, n):
-    """(B,) how many of each row's first n[b] entries of ok (B, m) hold before the first False."""
-    valid = torch.arange(ok.size(1), device=ok.device)[None] < n[:, None]
-    return (ok & valid).int().cumprod(dim=1).sum(dim=1)
 
 
 def next_block_size(k, n_drafts, n_ok, patience, wait, K):
@@ -266,7 +260,7 @@ class Rows:
         n_drafts, P = [max(n - 1, 0) for n in n_prev], pending.size(1)
         both = torch.cat([ok, targets], dim=1).tolist()  # one transfer: (B, 2P - 1)
         n_ok = [next((j for j in range(n) if not row[j]), n) for row, n in zip(both, n_drafts)]
-        targets = [row[P - 1:] for row in both]  # as leading(ok, n_drafts), on the host
+        targets = [row[P - 1:] for row in both]
         checks, rejected, first = [None] * len(n_prev), [False] * len(n_prev), [False] * len(n_prev)
         for b in (b for b in range(len(n_prev)) if n_prev[b]):
             a, n, drafted = n_ok[b], n_drafts[b], self.pending[b][1:]
@@ -387,8 +381,9 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     bias = HybridBias(cache.max_len, next(model.parameters()).dtype, prompt.device)
     widths, steps = [], []  # steps: each forward's Step, or None when not recorded
     while not all(rows.done):
-        if not record_steps and ntp_step(model, cache, rows, generator):  # blocks of 1: NTP's
-            widths.append(1)
+        n = 0 if record_steps else ntp_step(model, cache, rows, generator)  # blocks of 1: NTP's
+        if n:
+            widths += [1] * n
             continue
         logits, pending, n_prev, fed = lockstep_forward(model, cache, rows, bias)
         widths.append(logits.size(1))
@@ -401,23 +396,28 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
 
 def ntp_step(model, cache, rows, generator):
     """If every row is at blocks of 1 with no draft to check (adaptive, drafts failing; k = 1):
-    NTP's forward (a token each, no mask) with the lockstep path's tokens, draws and stats, none
-    of its padding, masks and drafting. -> its width (0: not taken)."""
+    NTP's loop (generate.ntp_run) until a row's next try at drafting, with the lockstep path's
+    tokens, draws and stats, none of its padding, masks and drafting. -> its forwards (0: none)."""
     if (any(rows.done) or len(set(cache.lengths)) > 1
             or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending))):
         return 0
-    logits, _ = model(torch.tensor(rows.pending, device=rows.block.device), cache=cache)
-    for b, token in enumerate(next_token(logits[:, -1], rows.settings, generator).tolist()):
-        rows.stats["nfe"][b] += 1
-        if rows.settings.adaptive:  # a check of no drafts: one block nearer the next try
-            rows.k[b], rows.patience[b], rows.wait[b] = next_block_size(
-                rows.k[b], 0, 0, rows.patience[b], rows.wait[b], rows.K)
-        rows.block_start[b] = len(rows.out[b])
-        rows.emit(b, [token])
-        rows.pending[b], rows.pending_revealed_by[b] = [token], [0]
+    n = min(rows.max_new_tokens - len(out) for out in rows.out)  # no row past its budget
+    if rows.settings.adaptive:  # a row waiting w more blocks tries k = 2 after its w-th token
+        n = min([n] + [max(w, 1) for w in rows.wait])
+    pending = torch.tensor(rows.pending, device=rows.block.device)  # (B, 1)
+    tokens, nfe = ntp_run(model, cache, pending, rows.settings, n, generator)
+    for b, row in enumerate(tokens.tolist()):
+        rows.stats["nfe"][b] += int(nfe[b])
+        for token in row[:int(nfe[b])]:
+            if rows.settings.adaptive:  # a check of no drafts: one block nearer the next try
+                rows.k[b], rows.patience[b], rows.wait[b] = next_block_size(
+                    rows.k[b], 0, 0, rows.patience[b], rows.wait[b], rows.K)
+            rows.block_start[b] = len(rows.out[b])
+            rows.emit(b, [token])
+        rows.pending[b], rows.pending_revealed_by[b] = [row[-1]], [0]
         if rows.block_size(b) != 1:  # its blocks grow: the block tensors start the new one
             rows.new_block(b)
-    return 1
+    return tokens.size(1)
 
 
 def lockstep_forward(model, cache, rows, bias):

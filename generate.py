@@ -157,19 +157,25 @@ def ntp_generate(model, prompt, settings, max_new_tokens, generator=None, record
     """
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    B = prompt.size(0)
     cache = new_cache(model, prompt, max_new_tokens)
     pending, prefill_info = prefill(model, prompt, cache)
+    out, nfe = ntp_run(model, cache, pending, settings, max_new_tokens, generator)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
-    out, done, nfe = [], torch.zeros(B, dtype=torch.bool, device=prompt.device), 0 * pending[:, 0]
-    while len(out) < max_new_tokens and not done.all():
+    return finish(out, stop, nfe, [1] * len(out[0]), prefill_info, t0)
+
+
+def ntp_run(model, cache, pending, settings, n, generator=None):
+    """NTP's loop: up to n forwards from pending (B, 1), one token each, until every row has
+    emitted a stop token -> (tokens (B, m), nfe (B,): each row's forwards up to its stop)."""
+    stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=pending.device)
+    out, done, nfe = [], torch.zeros_like(pending[:, 0], dtype=torch.bool), 0 * pending[:, 0]
+    while len(out) < n and not done.all():
         logits, _ = model(pending, cache=cache)  # (B, 1, V)
         nfe += ~done  # a row's count stops at its stop token
         pending = next_token(logits[:, -1], settings, generator)[:, None]  # (B, 1)
         out.append(pending)
         done |= torch.isin(pending[:, 0], stop)
-    out = torch.cat(out, dim=1) if out else prompt[:, :0]
-    return finish(out, stop, nfe, [1] * len(out[0]), prefill_info, t0)
+    return (torch.cat(out, dim=1) if out else pending[:, :0]), nfe
 
 
 # -----------------------------------------------------------------------------

@@ -143,7 +143,7 @@ def answer_5_3():  # exact mode: drafts [5, 9, 2, 7], NTP's argmaxes [5, 9, 3, 7
     drafts, causal = torch.tensor([[5, 9, 2, 7]]), torch.zeros(1, 5, 12)
     causal[0, torch.arange(5), torch.tensor([5, 9, 3, 7, 1])] = 1.0
     ok, targets = exact.accept_greedy(drafts, causal, 11)
-    n_ok = int(exact.leading(ok, torch.tensor([4]))[0])
+    n_ok = next((j for j, kept in enumerate(ok[0].tolist()) if not kept), 4)
     return drafts[0, :n_ok].tolist() + [int(targets[0, n_ok])]
 
 

@@ -77,13 +77,13 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
 
 
 def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
-    """--snapshot_interval keeps the SBD stage's weights every n steps, the estimated losses go
-    to eval.jsonl, and report.curve decodes every snapshot once (a second call adds nothing)."""
+    """config/sbd_smollm2_curve.py's run, shrunk: --snapshot_interval keeps the SBD stage's
+    weights every n steps, the estimated losses go to eval.jsonl, and report.curve decodes every
+    snapshot once (a second call adds nothing)."""
     out = tmp_path / "curve"
-    run = train(f"--init_from={tiny_gguf}", f"--out_dir={out}", "--ntp_iters=0", "--sbd_iters=4",
-                "--batch_size=2", "--sbd_batch_size=2", "--seq_len=400", "--eval_interval=2",
-                "--snapshot_interval=2", "--warmup_iters=1", "--report=False",
-                "--head_at_labels=True")
+    run = train("config/sbd_smollm2_curve.py", f"--init_from={tiny_gguf}", f"--out_dir={out}",
+                "--sbd_iters=4", "--batch_size=2", "--sbd_batch_size=2", "--seq_len=400",
+                "--eval_interval=2", "--eval_iters=2", "--snapshot_interval=2", "--warmup_iters=1")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert sorted(p.name for p in out.glob("ckpt_sbd_step*.pt")) == [
         "ckpt_sbd_step0.pt", "ckpt_sbd_step2.pt"]

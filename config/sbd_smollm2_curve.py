@@ -1,0 +1,17 @@
+# The SBD stage's learning curve on SmolLM2: laid over config/sbd_smollm2.py, one SBD fine-tune of
+# the pretrained model (no NTP stage, no report) for 4x the default's SBD steps, keeping its weights
+# every 150 steps for report.curve to decode.
+#
+#   python train.py config/sbd_smollm2.py config/sbd_smollm2_curve.py
+#   python -m report.curve --out_dir=out-sbd-smollm2-curve --problems=32
+#
+# About 1.4 hours of steps on a 2-core CPU with bf16 (2.7 s per step on an AMD EPYC, Zen 5,
+# AVX-512 BF16), plus a 0.5 GB snapshot every 150 steps. Stop it any time and continue with the
+# same command plus --init_from=resume.
+out_dir = "out-sbd-smollm2-curve"
+ntp_iters = 0
+sbd_iters = 1800
+eval_interval = 150  # the estimated masked-token val loss of each snapshot (eval.jsonl)
+eval_iters = 8
+snapshot_interval = 150
+report = False
