@@ -306,8 +306,9 @@ def lr_at(it):
 
 
 @torch.no_grad()
-def estimate_losses():
-    """Mean NTP loss and masked-token loss (k = 8) per split, on the same batches every time."""
+def log_estimate():
+    """Mean NTP loss and masked-token loss (k = 8) per split, on the same batches every time:
+    printed and appended to out_dir/eval.jsonl (log.jsonl has the steps)."""
     model.eval()
     out = {}
     for split in ("train", "val"):
@@ -324,7 +325,11 @@ def estimate_losses():
     if fsdp:  # without a backward, FSDP leaves the root's parameters gathered: shard them again
         raw_model.reshard()
     model.train()
-    return out
+    if master:
+        print(f"iter {iter_num}: NTP loss train {out['train'][0]:.4f} val {out['val'][0]:.4f} | "
+              f"masked-token loss (k=8) train {out['train'][1]:.4f} val {out['val'][1]:.4f}")
+        with open(os.path.join(out_dir, "eval.jsonl"), "a") as f:
+            f.write(json.dumps(dict(iter=iter_num, stage=stage, **out)) + "\n")
 
 
 def stage_checkpoint():
@@ -368,13 +373,7 @@ while iter_num < total_iters:
         stage, optimizer = "sbd", new_optimizer("sbd")
 
     if iter_num % eval_interval == 0 and (master or fsdp) and iter_num > 0:  # FSDP: every rank
-        losses = estimate_losses()
-        if master:
-            print(f"iter {iter_num}: NTP loss train {losses['train'][0]:.4f} "
-                  f"val {losses['val'][0]:.4f} | masked-token loss (k=8) train "
-                  f"{losses['train'][1]:.4f} val {losses['val'][1]:.4f}")
-            with open(os.path.join(out_dir, "eval.jsonl"), "a") as f:  # log.jsonl: the steps
-                f.write(json.dumps(dict(iter=iter_num, stage=stage, **losses)) + "\n")
+        log_estimate()
         save_resume()
     sbd_step = iter_num - ntp_iters
     if stage == "sbd" and snapshot_interval and sbd_step % snapshot_interval == 0:
@@ -428,6 +427,8 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
         if master:
             print(f"halted after iteration {iter_num}; continue with --init_from=resume")
     else:
+        if iter_num % eval_interval == 0:  # the last step's estimate, as every eval_interval's
+            log_estimate()
         save(stage, stage_checkpoint())
         if master:
             print(f"saved the {stage.upper()} model to {out_dir}/ckpt_{stage}.pt")

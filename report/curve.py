@@ -1,7 +1,7 @@
 """
 The SBD stage's learning curve: what more steps buy. train.py --snapshot_interval=n keeps the
-weights every n SBD steps (out_dir/ckpt_sbd_step<s>.pt); this decodes each snapshot on the same val
-problems and writes out_dir/curve.json and curve.png.
+weights every n SBD steps (out_dir/ckpt_sbd_step<s>.pt); this decodes each snapshot, and the final
+ckpt_sbd.pt, on the same val problems and writes out_dir/curve.json and curve.png.
 
     python train.py config/sbd_smollm2.py config/sbd_smollm2_curve.py   # the run, snapshots
     python -m report.curve --out_dir=out-sbd-smollm2-curve --benchmark=data/wordproblems/val.jsonl
@@ -48,11 +48,15 @@ OPTIONS = dict(
 
 
 def snapshots(out_dir):
-    """[(SBD step, path)] of out_dir's snapshots, in step order."""
-    found = []
+    """[(SBD step, path)] of out_dir's snapshots and its final ckpt_sbd.pt, in step order."""
+    found = {}
+    final = os.path.join(out_dir, "ckpt_sbd.pt")
+    if os.path.exists(final):  # the weights after the last step (mmap: only its header is read)
+        c = torch.load(final, map_location="cpu", mmap=True, weights_only=True)
+        found[c["iter_num"] - c["config"]["ntp_iters"]] = final
     for path in glob.glob(os.path.join(out_dir, "ckpt_sbd_step*.pt")):
-        found.append((int(re.search(r"step(\d+)\.pt$", path).group(1)), path))
-    return sorted(found)
+        found[int(re.search(r"step(\d+)\.pt$", path).group(1))] = path
+    return sorted(found.items())
 
 
 def logged_losses(out_dir, ntp_iters):

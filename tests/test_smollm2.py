@@ -94,7 +94,7 @@ def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
         done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     curve = json.loads((out / "curve.json").read_text())
-    assert [p["step"] for p in curve] == [0, 2]
+    assert [p["step"] for p in curve] == [0, 2, 4]  # the snapshots and the final weights
     assert curve[1]["masked_loss"] is not None  # logged at step 2 (eval_interval)
     for p in curve:
         assert p["exact_tokens_per_forward"] >= 1 and set(p["plain"]) == {"0.1"}
