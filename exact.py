@@ -91,9 +91,8 @@ class RowCache(KVCache):
 
 
 class HybridBias:
-    """hybrid_mask's additive bias for a batch-1 forward, made once per (T, n_commit): every new
-    token sees every cached key, so the bias on n cached tokens is the last n + T columns of one
-    made for the longest cache (a view, not a mask built and converted in every forward)."""
+    """hybrid_mask's additive bias for a batch-1 forward, made once per (T, n_commit): on n cached
+    tokens it is the last n + T columns of one made for the longest cache (a view, no new mask)."""
 
     def __init__(self, max_len, dtype, device):
         self.max_len, self.dtype, self.device, self.made = max_len, dtype, device, {}
@@ -242,6 +241,10 @@ class Rows:
         self.block[b] = self.settings.mask_id
         self.is_masked[b] = torch.arange(self.K, device=self.block.device) < self.kb[b]
         self.revealed_by[b], self.forwards[b] = -1, 0
+
+    def fed(self, b):
+        """Block slots row b feeds next: none if it only checks or commits into a 1-slot block."""
+        return 0 if self.done[b] or self.pending[b] and self.kb[b] == 1 else self.kb[b]
 
     def emit(self, b, tokens):
         """Checked tokens of row b; the row is done at a stop token or at max_new_tokens."""
@@ -395,20 +398,19 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
 
 
 def ntp_step(model, cache, rows, generator):
-    """If every row is at blocks of 1 with no draft to check (adaptive, drafts failing; k = 1):
-    NTP's loop (generate.ntp_run) until a row's next try at drafting, with the lockstep path's
-    tokens, draws and stats, none of its padding, masks and drafting. -> its forwards (0: none)."""
+    """If every row is at blocks of 1 with no draft to check (adaptive; k = 1): NTP's own loop up
+    to a row's next try at drafting, with the lockstep path's tokens, draws, stats. -> forwards."""
     if (any(rows.done) or len(set(cache.lengths)) > 1
             or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending))):
         return 0
     n = min(rows.max_new_tokens - len(out) for out in rows.out)  # no row past its budget
-    if rows.settings.adaptive:  # a row waiting w more blocks tries k = 2 after its w-th token
-        n = min([n] + [max(w, 1) for w in rows.wait])
+    # adaptive: a row waiting w more blocks tries k = 2 after its w-th token
+    n = min([n] + [max(w, 1) for w in rows.wait]) if rows.settings.adaptive else n
     pending = torch.tensor(rows.pending, device=rows.block.device)  # (B, 1)
-    tokens, nfe = ntp_run(model, cache, pending, rows.settings, n, generator)
-    for b, row in enumerate(tokens.tolist()):
-        rows.stats["nfe"][b] += int(nfe[b])
-        for token in row[:int(nfe[b])]:
+    tokens, nfe = ntp_run(model, cache, pending, rows.settings, rows.stop, n, generator)
+    for b, (row, n_fed) in enumerate(zip(tokens.tolist(), nfe.tolist())):
+        rows.stats["nfe"][b] += n_fed
+        for token in row[:n_fed]:
             if rows.settings.adaptive:  # a check of no drafts: one block nearer the next try
                 rows.k[b], rows.patience[b], rows.wait[b] = next_block_size(
                     rows.k[b], 0, 0, rows.patience[b], rows.wait[b], rows.K)
@@ -424,9 +426,7 @@ def lockstep_forward(model, cache, rows, bias):
     """One forward of every row's pending tokens and block, padded to the widest row (bias: the
     batch-1 path's HybridBias) -> logits (B, P + W, V), pending (B, P), n_prev and fed per row."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
-    # block slots fed: none in a forward that only checks, nor for a 1-slot block being committed
-    # into (the causal logits give its one token)
-    fed = [0 if done or n and kb == 1 else kb for done, n, kb in zip(rows.done, n_prev, rows.kb)]
+    fed = [rows.fed(b) for b in range(len(n_prev))]
     P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id
     pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
                             for p, n in zip(rows.pending, n_prev)], dtype=torch.long,

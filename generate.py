@@ -159,15 +159,14 @@ def ntp_generate(model, prompt, settings, max_new_tokens, generator=None, record
     t0 = time.perf_counter()
     cache = new_cache(model, prompt, max_new_tokens)
     pending, prefill_info = prefill(model, prompt, cache)
-    out, nfe = ntp_run(model, cache, pending, settings, max_new_tokens, generator)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
+    out, nfe = ntp_run(model, cache, pending, settings, stop, max_new_tokens, generator)
     return finish(out, stop, nfe, [1] * len(out[0]), prefill_info, t0)
 
 
-def ntp_run(model, cache, pending, settings, n, generator=None):
+def ntp_run(model, cache, pending, settings, stop, n, generator=None):
     """NTP's loop: up to n forwards from pending (B, 1), one token each, until every row has
-    emitted a stop token -> (tokens (B, m), nfe (B,): each row's forwards up to its stop)."""
-    stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=pending.device)
+    emitted one of the stop ids (a tensor) -> (tokens (B, m), nfe (B,): forwards up to its stop)."""
     out, done, nfe = [], torch.zeros_like(pending[:, 0], dtype=torch.bool), 0 * pending[:, 0]
     while len(out) < n and not done.all():
         logits, _ = model(pending, cache=cache)  # (B, 1, V)

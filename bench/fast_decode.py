@@ -245,9 +245,9 @@ def fast_exact_generate(fast, step, prompt, settings, max_new_tokens, widths):
     rows = Rows(prompt, settings, max_new_tokens, fast.output.size(0))
     at = {T: Positions(T, 0) for T in widths}
     while not rows.done[0]:
-        pending, kb = rows.pending[0], rows.kb[0]
-        fed = 0 if pending and kb == 1 else kb  # a 1-slot block is the causal logit's token
-        n, T = len(pending) + fed, min(w for w in widths if w >= len(pending) + fed)
+        pending, fed = rows.pending[0], rows.fed(0)
+        n = len(pending) + fed
+        T = min(w for w in widths if w >= n)
         tokens = torch.cat([torch.tensor(pending, dtype=torch.long), rows.block[0, :fed],
                             torch.full((T - n,), settings.mask_id)])[None]  # (1, T)
         at[T].place(cache.lengths[0], len(pending), n)
