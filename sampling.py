@@ -226,8 +226,11 @@ def reveal_step(logits, block, is_masked, settings, generator=None, with_q=False
     q = None if s.temperature == 0 else F.softmax(filter_logits(logits, s.temperature, s.top_k,
                                                                 s.top_p), dim=-1)
     tokens = logits.argmax(-1) if q is None else sample(q, generator)  # (B, k): pick_tokens
-    probs = F.softmax(logits.float(), dim=-1)  # (B, k, V)
-    revealed = REVEAL_RULES[s.rule](probs, is_masked, s.gamma)  # (B, k)
+    if s.gamma >= ONE_FORWARD:  # no rule's budget is spent (k ln V of entropy is far below it)
+        revealed = is_masked.clone()
+    else:
+        probs = F.softmax(logits.float(), dim=-1)  # (B, k, V)
+        revealed = REVEAL_RULES[s.rule](probs, is_masked, s.gamma)  # (B, k)
     block = torch.where(revealed, tokens, block)
     return (block, revealed, q) if with_q else (block, revealed)
 

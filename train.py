@@ -78,7 +78,7 @@ k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findin
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 loss_on_answer_only = True  # both losses and the noise on the completion only, as in SFT
 block_phase = "answer"  # noisy blocks start at: 'answer' (where decoding starts), 'random', 'zero'
-head_at_labels = False  # SBD stage: logits only at labelled slots (a large vocabulary's head)
+head_at_labels = False  # logits only at labelled slots, both stages (a large vocabulary's head)
 # optimizer (AdamW), per stage: linear warmup then cosine decay to min_lr_ratio * lr
 weight_decay = 0.1
 beta1 = 0.9
@@ -208,7 +208,8 @@ def block_phases(answer, k, generator):
 def forward_loss(model, stage, x, y, answer, k, generator):
     """-> (loss to optimise, NTP loss, masked-token loss or None) for one batch."""
     if stage == "ntp":
-        _, loss = model(x, y)
+        at = y != IGNORE_INDEX if head_at_labels else None  # (B, L) or all slots
+        _, loss = model(x, y if at is None else y[at], at=at)
         return loss, loss.detach(), None
     maskable = answer if loss_on_answer_only else None
     phases = block_phases(answer, k, generator).to(device)

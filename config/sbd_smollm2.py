@@ -40,9 +40,10 @@ eval_iters = 2
 # The exact mode reveals each block at once (its γ only sets speed, and one forward per block is
 # the fastest here); the picture's points past the calibration use 32 val problems. Plain SBD at
 # batch 32 is compute-bound on a CPU, so the γ grid is coarse.
+report_problems = 500
 report_args = ("--benchmark=data/wordproblems/test.jsonl "
                "--val_benchmark=data/wordproblems/val.jsonl --answer_marker=#### "
-               "--max_new_tokens=128 --val_problems=100 --max_problems=500 "
+               "--max_new_tokens=128 --val_problems=100 "
                "--gamma_grid=(0.001,0.01,0.1,1.0) --exact_gammas=(1e9,) "
                "--dtype=auto --fp32_check_problems=16 --batch_size=32 --exact_batch_size=32 "
                "--exact_val_problems=32 --timing_problems=10 --picture_problems=32 "

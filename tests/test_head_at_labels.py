@@ -1,5 +1,5 @@
 """
-The SBD stage's head at labelled slots only (train.py head_at_labels=True): the same loss and the
+The head at labelled slots only (train.py head_at_labels=True, both stages): the same loss and the
 same gradients as computing logits at every slot, for less work.
 """
 
@@ -42,6 +42,27 @@ def test_head_at_labels_gives_the_same_loss_and_gradients(family):
         m.zero_grad()
         logits, _ = m(idx, pos=pos, mask=mask, at=at)
         loss = sbd.sbd_loss(logits, labels, L)[0]
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["gpt-tiny", "llama-tiny"])
+def test_ntp_head_at_labels_gives_the_same_loss_and_gradients(family):
+    """train.py's NTP stage with head_at_labels: logits at the answer's slots only."""
+    m = random_model(family).float().train()
+    g = torch.Generator().manual_seed(2)
+    B, L, V = 2, 20, m.config.vocab_size
+    x = torch.randint(0, V, (B, L), generator=g)
+    y = torch.roll(x, -1, dims=1)
+    y[0, :7], y[1, :11] = IGNORE_INDEX, IGNORE_INDEX  # prompts of different lengths
+    at = y != IGNORE_INDEX
+    grads, losses = [], []
+    for targets, where in ((y, None), (y[at], at)):
+        m.zero_grad()
+        _, loss = m(x, targets, at=where)
         loss.backward()
         losses.append(loss.item())
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))

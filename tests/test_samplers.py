@@ -126,6 +126,21 @@ def test_gamma_zero_reveals_one_and_huge_gamma_all(rule):
     assert torch.equal(everything, is_masked)
 
 
+@pytest.mark.parametrize("rule", sorted(sampling.REVEAL_RULES))
+def test_one_forward_reveals_what_every_rule_reveals(rule):
+    """reveal_step skips the probabilities at γ = ONE_FORWARD: each rule, run on them, reveals
+    the same slots, even for the flattest distributions (uniform over a large vocabulary)."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.cat([torch.randn(2, 16, 5000, generator=g), torch.zeros(1, 16, 5000)])
+    is_masked = torch.rand(3, 16, generator=g) < 0.7
+    settings = sampling.DecodeSettings(mask_id=None, k=16, gamma=sampling.ONE_FORWARD, rule=rule)
+    block, revealed = sampling.reveal_step(logits, torch.zeros(3, 16, dtype=torch.long),
+                                           is_masked, settings)
+    by_rule = sampling.REVEAL_RULES[rule](logits.softmax(-1), is_masked, sampling.ONE_FORWARD)
+    assert torch.equal(revealed, by_rule) and torch.equal(revealed, is_masked)
+    assert torch.equal(block[revealed], logits.argmax(-1)[revealed])
+
+
 def test_factor_extremes():
     """f <= 0 reveals only the most confident position; f > k + 1 reveals all (1 - c <= 1)."""
     probs, is_masked = random_block(seed=5)
