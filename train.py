@@ -237,7 +237,7 @@ if llama and model.config.vocab_size != task.vocab_size:
     raise ConfigError(f"the tokenizer has {task.vocab_size} tokens, the model "
                       f"{model.config.vocab_size}")
 model.activation_checkpointing = activation_checkpointing  # a Llama switch (GPT has none)
-in_stage_1 = checkpoint is None or checkpoint["iter_num"] < ntp_iters
+in_stage_1 = checkpoint is None or checkpoint["stage"] == "ntp"  # halted at ntp_iters: still 1
 if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
     if fsdp:
         raise ConfigError("sbd_starts_from='init' is not supported with fsdp")
@@ -248,7 +248,7 @@ if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
         initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {device}")
 
-iter_num, stage = 0, "ntp" if ntp_iters > 0 else "sbd"
+iter_num, stage, estimated_at = 0, "ntp" if ntp_iters > 0 else "sbd", 0
 if checkpoint is not None:
     if checkpoint["model_args"] != model_args:
         raise ConfigError(f"{resume_path} was made with model {checkpoint['model_args']}, this "
@@ -256,6 +256,7 @@ if checkpoint is not None:
     check_same_data(checkpoint, task, resume_path)
     model.load_state_dict(checkpoint["model"])
     iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
+    estimated_at = iter_num if checkpoint.get("estimated") else 0  # logged before it was saved
 raw_model = model
 if compile:
     model = torch.compile(model)
@@ -350,13 +351,14 @@ def save(name, checkpoint):
         save_checkpoint(checkpoint, os.path.join(out_dir, f"ckpt_{name}.pt"))
 
 
-def save_resume():
-    """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by name."""
+def save_resume(estimated=False):
+    """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by name.
+    estimated: this iteration's log_estimate is in eval.jsonl (a resume does not repeat it)."""
     if fsdp:
         optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL)
     else:
         optimizer_state = optimizer.state_dict()
-    save("resume", dict(stage_checkpoint(), optimizer=optimizer_state))
+    save("resume", dict(stage_checkpoint(), optimizer=optimizer_state, estimated=estimated))
 
 
 # training loop
@@ -373,9 +375,12 @@ while iter_num < total_iters:
             initial_state = None
         stage, optimizer = "sbd", new_optimizer("sbd")
 
-    if iter_num % eval_interval == 0 and (master or fsdp) and iter_num > 0:  # FSDP: every rank
-        log_estimate()
-        save_resume()
+    if iter_num % eval_interval == 0 and iter_num != estimated_at and (master or fsdp):
+        log_estimate()  # FSDP: every rank
+        save_resume(estimated=True)
+        estimated_at = iter_num
+    if iter_num == halt_after:
+        break
     sbd_step = iter_num - ntp_iters
     if stage == "sbd" and snapshot_interval and sbd_step % snapshot_interval == 0:
         save(f"sbd_step{sbd_step}", stage_checkpoint())  # the weights before this step
@@ -419,11 +424,9 @@ while iter_num < total_iters:
             f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=k, rows=rows))
                     + "\n")
     iter_num += 1
-    if iter_num == halt_after:
-        break
 
 if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0 writes them
-    save_resume()
+    save_resume(estimated=estimated_at == iter_num)
     if iter_num < total_iters:
         if master:
             print(f"halted after iteration {iter_num}; continue with --init_from=resume")
@@ -443,6 +446,5 @@ if ddp:  # wait for rank 0's checkpoints first: a rank that tears gloo down earl
     destroy_process_group()
     # leave without the interpreter's teardown, where gloo (torch 2.13, CPU) can still hit
     # std::terminate in a thread it joins; everything is saved by now
-    sys.stdout.flush()
-    sys.stderr.flush()
+    sys.stdout.flush(), sys.stderr.flush()
     os._exit(0)

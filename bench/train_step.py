@@ -1,15 +1,16 @@
 """
-The SBD training step, timed: logits at every slot against logits at the labelled slots only
-(train.py head_at_labels), side by side in one run, interleaved, warm-up excluded.
+A training step, timed in the variants train.py could take, side by side in one run, interleaved,
+warm-up excluded: AdamW's for-each implementation or its fused kernel, then logits at every slot
+or only at the labelled slots (train.py head_at_labels), for either stage (NTP or SBD).
 
     python -m bench.train_step                                  # the demo: a 0.8M GPT, addition
     python -m bench.train_step --init_from=smollm2 --dataset=wordproblems --seq_len=192 \\
-        --batch_size=4 --dtype=auto                             # SmolLM2-135M (pip install gguf)
+        --batch_size=4 --dtype=auto --stage=ntp                 # SmolLM2-135M (pip install gguf)
 
 Each repetition times `steps` optimizer steps of each variant on the same batches (forward,
-backward, AdamW), so the ratio is measured within one repetition; the median and range over
+backward, AdamW), so the ratios are measured within one repetition; the median and range over
 repetitions are printed. --profile=True also prints the operators that take the most time.
-Both variants compute the same loss (tests/test_head_at_labels.py): only the time differs.
+Every variant computes the same loss (tests/test_head_at_labels.py): only the time differs.
 """
 
 import statistics
@@ -19,6 +20,7 @@ import time
 import torch
 
 import sbd
+from bench.measure import cpu_name
 from configurator import ConfigError, configure, pick_device, resolve_dtype
 from model import GPT, IGNORE_INDEX, GPTConfig
 from pretrained.loading import load_pretrained
@@ -28,7 +30,8 @@ init_from = "scratch"  # 'scratch': the demo's GPT; or a pretrained model ('smol
 dataset = "addition"
 seq_len = 192  # rows of a chat dataset
 batch_size = 32
-k = 12  # the block size of every timed step (the demo draws 8..16)
+stage = "sbd"  # 'sbd' (two halves, Eq. 14) or 'ntp'
+k = 12  # the block size of every timed SBD step (the demo draws 8..16)
 dtype = "float32"  # or 'auto': bf16 autocast where the CPU computes it natively
 steps = 3  # optimizer steps per variant and repetition
 reps = 5
@@ -51,7 +54,7 @@ def build():
 
 
 def batches(task, n, generator):
-    """n SBD batches: (idx, pos, mask, labels, L) as train.py's forward_loss makes them."""
+    """n batches of train.py's forward_loss for the stage: (model inputs, labels, L)."""
     x, y, answer = task.training_tensors("train", True)
     out = []
     for _ in range(n):
@@ -59,23 +62,41 @@ def batches(task, n, generator):
         xb, yb, ab = x[ix], y[ix], answer[ix]
         used = int(((yb != IGNORE_INDEX) | ab).any(0).nonzero().max()) + 1  # drop padding
         xb, yb, ab = xb[:, :used], yb[:, :used], ab[:, :used]
+        if stage == "ntp":
+            out.append((dict(idx=xb), yb, used))
+            continue
         phases = ab.int().argmax(dim=1) % k  # block_phase='answer'
-        out.append((*sbd.sbd_inputs(xb, yb, task.mask_id, k, phases, ab, generator), used))
+        idx, pos, mask, labels = sbd.sbd_inputs(xb, yb, task.mask_id, k, phases, ab, generator)
+        out.append((dict(idx=idx, pos=pos, mask=mask), labels, used))
     return out
+
+
+def loss_of(model, inputs, labels, L, at_labels):
+    """train.py's forward_loss: the NTP loss, or Eq. 14's over both halves."""
+    at = labels != IGNORE_INDEX if at_labels else None
+    if stage == "ntp":
+        return model(**inputs, targets=labels if at is None else labels[at], at=at)[1]
+    logits, _ = model(**inputs, at=at)
+    return sbd.sbd_loss(logits, labels, L)[0]
 
 
 def train_steps(model, optimizer, data, at_labels, autocast):
     """Seconds for one optimizer step per batch of data."""
     t0 = time.perf_counter()
-    for idx, pos, mask, labels, L in data:
+    for inputs, labels, L in data:
         with autocast:
-            at = labels != IGNORE_INDEX if at_labels else None
-            logits, _ = model(idx, pos=pos, mask=mask, at=at)
-            loss = sbd.sbd_loss(logits, labels, L)[0]
+            loss = loss_of(model, inputs, labels, L, at_labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - t0
+
+
+# name -> (fused AdamW, logits at labelled slots only); the last is what train.py does when
+# head_at_labels is on, the first what it did before either change
+VARIANTS = {"for-each AdamW, every slot": (False, False),
+            "fused AdamW, every slot": (True, False),
+            "fused AdamW, labelled slots": (True, True)}
 
 
 def main(argv):
@@ -89,31 +110,37 @@ def main(argv):
     autocast = torch.autocast("cpu" if dev == "cpu" else dev.split(":")[0],
                               getattr(torch, ptdtype), enabled=ptdtype != "float32")
     torch.manual_seed(seed)
+    if stage not in ("sbd", "ntp"):
+        raise ConfigError(f"stage must be 'sbd' or 'ntp', got {stage!r}")
     model, task = build()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # small: the weights barely move
+    # one optimizer per variant (its own state); lr small: the weights barely move
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
+                  for name, (fused, _) in VARIANTS.items()}
     data = batches(task, steps, torch.Generator().manual_seed(seed))
-    tokens = sum(idx.numel() for idx, *_ in data) / steps
-    labelled = sum(int((lab != IGNORE_INDEX).sum()) for *_, lab, _ in data) / steps
-    print(f"{init_from}: {tokens:.0f} slots per step, {labelled:.0f} labelled "
-          f"({100 * labelled / tokens:.0f}%), {ptdtype}, {torch.get_num_threads()} threads")
+    tokens = sum(inputs["idx"].numel() for inputs, *_ in data) / steps
+    labelled = sum(int((lab != IGNORE_INDEX).sum()) for _, lab, _ in data) / steps
+    print(f"{init_from}, {stage} step: {tokens:.0f} slots per step, {labelled:.0f} labelled "
+          f"({100 * labelled / tokens:.0f}%), {ptdtype}, {torch.get_num_threads()} threads, "
+          f"{cpu_name() if dev == 'cpu' else dev}")
     for _ in range(warmup):
-        train_steps(model, optimizer, data[:1], False, autocast)
-        train_steps(model, optimizer, data[:1], True, autocast)
-    times = {False: [], True: []}
+        for name, (_, at_labels) in VARIANTS.items():
+            train_steps(model, optimizers[name], data[:1], at_labels, autocast)
+    times = {name: [] for name in VARIANTS}
     for _ in range(reps):
-        for at_labels in (False, True):
-            seconds = train_steps(model, optimizer, data, at_labels, autocast)
-            times[at_labels].append(seconds / steps)
-    ratio = [a / b for a, b in zip(times[False], times[True])]
-    for at_labels, name in ((False, "logits at every slot"), (True, "logits at labelled slots")):
-        t = times[at_labels]
-        print(f"{name:26s} {statistics.median(t) * 1e3:8.1f} ms/step "
-              f"[{min(t) * 1e3:.1f}, {max(t) * 1e3:.1f}]")
-    print(f"speed-up of the labelled-slot head: {statistics.median(ratio):.2f}x "
-          f"[{min(ratio):.2f}x, {max(ratio):.2f}x] over {reps} interleaved repetitions")
+        for name, (_, at_labels) in VARIANTS.items():
+            seconds = train_steps(model, optimizers[name], data, at_labels, autocast)
+            times[name].append(seconds / steps)
+    first = next(iter(VARIANTS))
+    for name, t in times.items():
+        ratio = [a / b for a, b in zip(times[first], t)]
+        print(f"{name:28s} {statistics.median(t) * 1e3:8.1f} ms/step [{min(t) * 1e3:.1f}, "
+              f"{max(t) * 1e3:.1f}], {statistics.median(ratio):.2f}x [{min(ratio):.2f}x, "
+              f"{max(ratio):.2f}x] the first's speed")
+    print(f"(medians and ranges over {reps} interleaved repetitions of {steps} steps)")
     if profile:
+        name = list(VARIANTS)[-1]
         with torch.profiler.profile() as p:
-            train_steps(model, optimizer, data, True, autocast)
+            train_steps(model, optimizers[name], data, VARIANTS[name][1], autocast)
         print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 

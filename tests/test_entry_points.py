@@ -25,6 +25,7 @@ CASES = [
       "--n_embd=32", "--n_head=2"], "gamma must be >= 0"),
     (["-m", "bench.roofline", "--hardware=abacus"], "hardware must be one of"),
     (["-m", "bench.gpu", "--device=cuda:7"], "not available"),
+    (["-m", "bench.train_step", "--stage=both"], "stage must be 'sbd' or 'ntp'"),
     (["assignments/grade.py", "--assignments", "99"], "no assignment"),
 ]
 

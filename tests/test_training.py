@@ -329,27 +329,43 @@ RESUME = ["--ntp_iters=4", "--sbd_iters=4", *TINY, "--log_interval=1", "--eval_i
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("full"))
-    run = train(f"--out_dir={out}", *RESUME)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return out
+    """starts_from -> the out_dir of RESUME's run with that sbd_starts_from, never halted."""
+    runs = {}
+
+    def run_for(starts_from):
+        if starts_from not in runs:
+            out = str(tmp_path_factory.mktemp(f"full-{starts_from}"))
+            run = train(f"--out_dir={out}", *RESUME, f"--sbd_starts_from={starts_from}")
+            assert run.returncode == 0, run.stderr[-3000:]
+            runs[starts_from] = out
+        return runs[starts_from]
+    return run_for
 
 
-# before and after the NTP -> SBD switch at iteration 4
-@pytest.mark.parametrize("halt_after", [3, 5])
-def test_resume_is_exact(tmp_path, uninterrupted, halt_after):
-    out = str(tmp_path)
-    first = train(f"--out_dir={out}", *RESUME, f"--halt_after={halt_after}")
+def read_estimates(out):
+    with open(f"{out}/eval.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+# before, at and after the NTP -> SBD switch at iteration 4; 4 is also an estimate's iteration
+@pytest.mark.parametrize("halt_after, starts_from", [(3, "ntp"), (4, "ntp"), (4, "init"),
+                                                     (5, "init")])
+def test_resume_is_exact(tmp_path, uninterrupted, halt_after, starts_from):
+    out, straight_dir = str(tmp_path), uninterrupted(starts_from)
+    args = [*RESUME, f"--sbd_starts_from={starts_from}"]
+    first = train(f"--out_dir={out}", *args, f"--halt_after={halt_after}")
     assert first.returncode == 0, first.stderr[-3000:]
     assert f"halted after iteration {halt_after}" in first.stdout
     assert len(read_log(out)) == halt_after and not os.path.exists(f"{out}/ckpt_sbd.pt")
-    second = train(f"--out_dir={out}", *RESUME, "--init_from=resume")
+    second = train(f"--out_dir={out}", *args, "--init_from=resume")
     assert second.returncode == 0, second.stderr[-3000:]
-    # iter, stage, loss and k of all 8 iterations, exactly
-    assert read_log(out) == read_log(uninterrupted)
+    # iter, stage, loss and k of all 8 iterations, exactly; each estimate once, the same
+    assert read_log(out) == read_log(straight_dir)
+    assert read_estimates(out) == read_estimates(straight_dir)
+    assert [e["iter"] for e in read_estimates(out)] == [2, 4, 6, 8]
     for name in ("ckpt_ntp.pt", "ckpt_sbd.pt"):
         resumed = torch.load(f"{out}/{name}", weights_only=False)["model"]
-        straight = torch.load(f"{uninterrupted}/{name}", weights_only=False)["model"]
+        straight = torch.load(f"{straight_dir}/{name}", weights_only=False)["model"]
         assert all(torch.equal(resumed[key], straight[key]) for key in straight), name
 
 
