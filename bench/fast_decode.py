@@ -5,6 +5,8 @@ whole every step (model.KVCache's growing view is a new shape every token), and 
 of fixed shapes, tokens (B, T) -> logits (B, T, V), that torch.compile turns into one graph per T:
 T = 1 for next-token decoding, a few fixed widths for exact SBD (each forward's pending tokens, its
 block and padding up to the next compiled width; exact.Rows decides what to feed and keeps).
+int4=True keeps the blocks' matrices in 4 bits as the GGUF file does (Int4): with the head still
+in the decode dtype, a token reads less than half of bf16's bytes.
 
     fast = FastLlama(model, batch_size=1, max_len=512, dtype=torch.bfloat16)
     step = compile_step(fast)  # or fast.step: eager, same numbers
@@ -45,19 +47,64 @@ def laid_out(*weights, dtype):
     return torch.cat([w.detach() for w in weights], dim=0).to(dtype).contiguous()
 
 
-class FastLayer(nn.Module):
-    """One Llama block's weights as buffers: wqkv (nh*hd + 2*nkv*hd, dim), wo, w13 (2*ffn, dim),
-    w2 and the two norm weights, all in the decode dtype."""
+GROUP = 32  # Q4_1's block: 32 consecutive weights of a row share a scale and a minimum
 
-    def __init__(self, block, dtype, cache_shape):
+
+class Dense(nn.Module):
+    """x @ w.T with the matrices (out_i, in) laid out once as one w in the decode dtype."""
+
+    def __init__(self, *weights, dtype):
+        super().__init__()
+        self.register_buffer("w", laid_out(*weights, dtype=dtype))
+
+    def forward(self, x):
+        return F.linear(x, self.w)
+
+
+class Int4(nn.Module):
+    """x @ w.T with w in 4 bits as GGUF's Q4_1 stores it: each run of 32 weights of a row is
+    m + d * q, q in 0..15, m the run's minimum and d = (max - m) / 15. SmolLM2's GGUF matrices are
+    Q4_1, so their dequantized weights come back exactly (to fp32 rounding of d); other weights
+    are rounded to that grid. torch's CPU kernel reads the codes packed, two per byte, and per run
+    a (scale, zero) pair with w = (q - 8) * scale + zero: scale = d, zero = m + 8d, in the decode
+    dtype. A quarter of bf16's bytes per weight, plus the pairs: decoding one token reads every
+    weight, so where memory is the bound it is that much faster."""
+
+    def __init__(self, *weights, dtype):
+        super().__init__()
+        w = torch.cat([w.detach().float() for w in weights])  # (N, K)
+        N, K = w.shape
+        if K % GROUP:
+            raise ConfigError(f"Int4 needs rows of a multiple of {GROUP} weights, got {K}")
+        runs = w.view(N, K // GROUP, GROUP)
+        m, top = runs.amin(-1, keepdim=True), runs.amax(-1, keepdim=True)  # (N, K/G, 1)
+        d = (top - m) / 15
+        q = ((runs - m) / torch.where(d > 0, d, 1)).round().clamp(0, 15)  # (N, K/G, G)
+        codes = q.view(N, K).int()
+        self.register_buffer("codes", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1))
+        pairs = torch.cat([d, m + 8 * d], dim=-1).transpose(0, 1)  # (K/G, N, 2)
+        self.register_buffer("pairs", pairs.to(dtype).contiguous())
+
+    def forward(self, x):
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, x.size(-1)), self.codes,
+                                                        GROUP, self.pairs)  # (rows, N)
+        return y.view(*x.shape[:-1], -1)
+
+
+class FastLayer(nn.Module):
+    """One Llama block laid out for decoding: wqkv (nh*hd + 2*nkv*hd, dim), wo, w13 (2*ffn, dim)
+    and w2 as Dense (the decode dtype) or Int4 (4-bit) matrices, the two norm weights and a
+    static KV cache in the decode dtype."""
+
+    def __init__(self, block, dtype, cache_shape, matrix):
         super().__init__()
         a, f = block.attention, block.feed_forward
         self.register_buffer("attention_norm", laid_out(block.attention_norm.weight, dtype=dtype))
-        self.register_buffer("wqkv", laid_out(a.wq.weight, a.wk.weight, a.wv.weight, dtype=dtype))
-        self.register_buffer("wo", laid_out(a.wo.weight, dtype=dtype))
+        self.wqkv = matrix(a.wq.weight, a.wk.weight, a.wv.weight, dtype=dtype)
+        self.wo = matrix(a.wo.weight, dtype=dtype)
         self.register_buffer("ffn_norm", laid_out(block.ffn_norm.weight, dtype=dtype))
-        self.register_buffer("w13", laid_out(f.w1.weight, f.w3.weight, dtype=dtype))
-        self.register_buffer("w2", laid_out(f.w2.weight, dtype=dtype))
+        self.w13 = matrix(f.w1.weight, f.w3.weight, dtype=dtype)
+        self.w2 = matrix(f.w2.weight, dtype=dtype)
         # one cache per layer: a write into a slice of a stacked cache compiles to a copy of it all
         self.register_buffer("k_cache", torch.zeros(cache_shape, dtype=dtype))  # (B, nkv, S, hd)
         self.register_buffer("v_cache", torch.zeros(cache_shape, dtype=dtype))
@@ -94,17 +141,21 @@ class FastLlama(nn.Module):
     caller's positions say, as bench/static.py's StaticCache.
     """
 
-    def __init__(self, model, batch_size, max_len, dtype):
+    def __init__(self, model, batch_size, max_len, dtype, int4=False):
         super().__init__()
         c = model.config
         if c.qk_norm:
             raise ConfigError("FastLlama lays out Llama 3 blocks; Qwen-3's q/k norms are not here")
+        if int4 and model.output.weight.device.type != "cpu":
+            raise ConfigError("int4=True uses torch's CPU kernel for 4-bit weights: load on cpu")
         self.n_heads, self.n_kv_heads, self.head_dim, self.eps = (c.n_heads, c.n_kv_heads,
                                                                   c.head_dim, c.norm_eps)
         self.max_len, self.dtype = max_len, dtype
         self.register_buffer("embedding", laid_out(model.tok_embeddings.weight, dtype=dtype))
         cache_shape = (batch_size, c.n_kv_heads, max_len, c.head_dim)
-        self.layers = nn.ModuleList(FastLayer(block, dtype, cache_shape) for block in model.layers)
+        matrix = Int4 if int4 else Dense  # the blocks' matrices; the head stays in dtype
+        self.layers = nn.ModuleList(FastLayer(block, dtype, cache_shape, matrix)
+                                    for block in model.layers)
         self.register_buffer("norm", laid_out(model.norm.weight, dtype=dtype))
         self.register_buffer("output", laid_out(model.output.weight, dtype=dtype))
         self.register_buffer("inv_freq", model.inv_freq.detach().float().clone())  # (hd/2,)
@@ -121,13 +172,13 @@ class FastLlama(nn.Module):
         """x (B, T, dim) normed -> attention output (B, T, dim); writes layer i's cache at pos."""
         B, T, _ = x.shape
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        q, k, v = F.linear(x, layer.wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q, k, v = layer.wqkv(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
         q = apply_rotary(q.view(B, T, nh, hd).transpose(1, 2), cos, sin)  # (B, nh, T, hd)
         k = apply_rotary(k.view(B, T, nkv, hd).transpose(1, 2), cos, sin)  # (B, nkv, T, hd)
         layer.k_cache[:, :, pos] = k  # (B, nkv, max_len, hd), in place
         layer.v_cache[:, :, pos] = v.view(B, T, nkv, hd).transpose(1, 2)
         y = grouped_attention(q, layer.k_cache, layer.v_cache, bias)  # (B, nh, T, hd)
-        return F.linear(y.transpose(1, 2).reshape(B, T, nh * hd), layer.wo)
+        return layer.wo(y.transpose(1, 2).reshape(B, T, nh * hd))
 
     def step(self, tokens, pos, start, end):
         """tokens (B, T), pos (T,) long, start and end (0-dim long) -> logits (B, T, V), fp32."""
@@ -138,8 +189,8 @@ class FastLlama(nn.Module):
         for layer in self.layers:
             x = x + self.attend(layer, rms_norm(x, layer.attention_norm, self.eps), cos, sin,
                                 pos, bias)
-            gate, up = F.linear(rms_norm(x, layer.ffn_norm, self.eps), layer.w13).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w2)  # SwiGLU
+            gate, up = layer.w13(rms_norm(x, layer.ffn_norm, self.eps)).chunk(2, dim=-1)
+            x = x + layer.w2(F.silu(gate) * up)  # SwiGLU
         return F.linear(rms_norm(x, self.norm, self.eps), self.output).float()
 
 

