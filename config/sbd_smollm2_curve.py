@@ -5,9 +5,9 @@
 #   python train.py config/sbd_smollm2.py config/sbd_smollm2_curve.py
 #   python -m report.curve --out_dir=out-sbd-smollm2-curve --problems=32
 #
-# About 1.4 hours of steps on a 2-core CPU with bf16 (2.7 s per step on an AMD EPYC, Zen 5,
-# AVX-512 BF16), plus a 0.5 GB snapshot every 150 steps. Stop it any time and continue with the
-# same command plus --init_from=resume.
+# About 75 minutes of steps on a 2-core CPU with bf16 (2.5 s per step on an AMD EPYC, Zen 5,
+# AVX-512 BF16: bench/train_step.py), plus a 0.5 GB snapshot every 150 steps. Stop it any time
+# and continue with the same command plus --init_from=resume.
 out_dir = "out-sbd-smollm2-curve"
 ntp_iters = 0
 sbd_iters = 1800
