@@ -25,6 +25,21 @@ def test_sparse_logits_give_the_same_loss():
             assert torch.allclose(a, b, atol=1e-6), (weight, a, b)
 
 
+def loss_and_grads(m, loss_fn):
+    """(loss, the gradients of every parameter flattened into one vector) of loss_fn()."""
+    m.zero_grad()
+    loss = loss_fn()
+    loss.backward()
+    return loss.item(), torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
+
+
+def assert_same(m, full, sparse):
+    (loss_full, grads_full), (loss_sparse, grads_sparse) = (loss_and_grads(m, full),
+                                                            loss_and_grads(m, sparse))
+    assert loss_full == pytest.approx(loss_sparse, rel=1e-5)
+    assert torch.allclose(grads_full, grads_sparse, atol=1e-6)
+
+
 @pytest.mark.parametrize("family", ["gpt-tiny", "llama-tiny"])
 def test_head_at_labels_gives_the_same_loss_and_gradients(family):
     m = random_model(family).float().train()
@@ -37,16 +52,10 @@ def test_head_at_labels_gives_the_same_loss_and_gradients(family):
     y[~answer] = IGNORE_INDEX
     phases = torch.tensor([0, 3])
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, V - 1, 4, phases, answer, g)
-    grads, losses = [], []
-    for at in (None, labels != IGNORE_INDEX):
-        m.zero_grad()
-        logits, _ = m(idx, pos=pos, mask=mask, at=at)
-        loss = sbd.sbd_loss(logits, labels, L)[0]
-        loss.backward()
-        losses.append(loss.item())
-        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+
+    def loss_at(at):
+        return lambda: sbd.sbd_loss(m(idx, pos=pos, mask=mask, at=at)[0], labels, L)[0]
+    assert_same(m, loss_at(None), loss_at(labels != IGNORE_INDEX))
 
 
 @pytest.mark.parametrize("family", ["gpt-tiny", "llama-tiny"])
@@ -59,12 +68,4 @@ def test_ntp_head_at_labels_gives_the_same_loss_and_gradients(family):
     y = torch.roll(x, -1, dims=1)
     y[0, :7], y[1, :11] = IGNORE_INDEX, IGNORE_INDEX  # prompts of different lengths
     at = y != IGNORE_INDEX
-    grads, losses = [], []
-    for targets, where in ((y, None), (y[at], at)):
-        m.zero_grad()
-        _, loss = m(x, targets, at=where)
-        loss.backward()
-        losses.append(loss.item())
-        grads.append(torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None]))
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert_same(m, lambda: m(x, y)[1], lambda: m(x, y[at], at=at)[1])
