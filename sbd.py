@@ -182,3 +182,48 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     ntp = (nll[:, :L] * labelled[:, :L]).sum() / labelled[:, :L].sum().clamp(min=1)
     masked = (nll[:, L:] * labelled[:, L:]).sum() / labelled[:, L:].sum().clamp(min=1)
     return loss, ntp.detach(), masked.detach()
+
+
+def causal_pairs(labels, L, k, phases):
+    """(rows, noisy slots, clean slots) of the masked tokens whose causal twin is known: a masked
+    position i whose left neighbours in its block are all clean sees what the causal head sees at
+    slot i - 1 (the whole prefix), so p(x_i | x_<i) from that slot is a soft target for it.
+
+    labels (B, T) of sbd_inputs (a noisy slot is labelled iff masked), phases (B,) as there.
+    Only pairs whose clean slot is labelled too (its logits exist under head_at_labels).
+    """
+    B, T = labels.shape
+    s = 2 * L - T  # the noisy half covers positions s..L-1
+    positions = torch.arange(s, L, device=labels.device).expand(B, -1)  # (B, L - s)
+    masked = labels[:, L:] != IGNORE_INDEX  # (B, L - s)
+    # the last masked position before each position (-1: none); first in block iff it is outside
+    before = torch.where(masked, positions, -1).cummax(dim=1).values  # (B, L - s), inclusive
+    before = torch.cat([before.new_full((B, 1), -1), before[:, :-1]], dim=1)  # exclusive
+    phases = phases[:, None]  # (B, 1)
+    outside = (before < 0) | (block_id(before, k, phases) < block_id(positions, k, phases))
+    first = masked & (positions >= 1) & outside  # (B, L - s): masked, left neighbours clean
+    rows, j = first.nonzero(as_tuple=True)
+    noisy_slots, clean_slots = L + j, s + j - 1  # position s + j and the slot that predicts it
+    known = labels[rows, clean_slots] != IGNORE_INDEX
+    return rows[known], noisy_slots[known], clean_slots[known]
+
+
+def causal_kl(logits, labels, L, k, phases):
+    """Mean KL(p_causal || p_masked) over causal_pairs: the masked-token head learns the causal
+    head's whole next-token distribution, not only the sampled token (a soft target; the causal
+    logits are detached, so the term teaches the masked path only).
+
+    logits (B, T, V), or (N, V) at the labelled slots as in sbd_loss. Returns 0 without pairs.
+    """
+    rows, noisy_slots, clean_slots = causal_pairs(labels, L, k, phases)
+    if logits.dim() == 2:  # slot (b, t) -> its row among the labelled slots
+        row_of = ((labels != IGNORE_INDEX).flatten().cumsum(0) - 1).view(labels.shape)
+        masked_logits = logits[row_of[rows, noisy_slots]]
+        causal_logits = logits[row_of[rows, clean_slots]]
+    else:
+        masked_logits, causal_logits = logits[rows, noisy_slots], logits[rows, clean_slots]
+    if len(rows) == 0:
+        return logits.sum() * 0.0
+    return F.kl_div(F.log_softmax(masked_logits.float(), -1),
+                    F.log_softmax(causal_logits.detach().float(), -1),
+                    log_target=True, reduction="batchmean")

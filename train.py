@@ -20,8 +20,7 @@ A checkpoint is one dict: model (state dict), model_family ('gpt' or 'llama'), m
 data_version (the data it was trained on), mask_id and stop_ids (what decoding needs), iter_num;
 ckpt_resume.pt adds optimizer. sampling.settings_for turns one into decoding settings.
 
-The defaults below are the demo's recipe (config/sbd_small.py states the same values), each
-chosen as docs/findings.md explains; the paper's own values are noted where they differ.
+The defaults are the demo's recipe, as config/sbd_small.py states it; docs/findings.md says why.
 """
 
 import dataclasses
@@ -76,6 +75,7 @@ sbd_lr = 2e-3
 k_min = 8  # block size k ~ U{k_min..k_max} once per step (the paper: U{2..16}); it must cover
 k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findings.md, Block sizes)
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
+kl_weight = 0.0  # weight of a KL term to the causal head's distribution (sbd.causal_kl); 0 = off
 loss_on_answer_only = True  # both losses and the noise on the completion only, as in SFT
 block_phase = "answer"  # noisy blocks start at: 'answer' (where decoding starts), 'random', 'zero'
 head_at_labels = False  # logits only at labelled slots, both stages (a large vocabulary's head)
@@ -126,8 +126,8 @@ if batch_size < 1 or sbd_batch_size < 0 or gradient_accumulation_steps < 1:
 sbd_batch_size = sbd_batch_size or batch_size  # resolved once (the saved config keeps the input)
 if block_phase not in ("answer", "random", "zero"):
     raise ConfigError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
-if ntp_weight < 0 or ntp_iters < 0 or sbd_iters < 0:
-    raise ConfigError("ntp_weight, ntp_iters and sbd_iters must be >= 0")
+if min(ntp_weight, kl_weight, ntp_iters, sbd_iters) < 0:
+    raise ConfigError("ntp_weight, kl_weight, ntp_iters and sbd_iters must be >= 0")
 
 # distributed setup: under torchrun each process trains on its own batches, gradients averaged
 ddp = int(os.environ.get("RANK", -1)) != -1
@@ -217,7 +217,10 @@ def forward_loss(model, stage, x, y, answer, k, generator):
                                             flex=attention == "flex")  # (B, T), mask (B, T, T)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
     logits, _ = model(idx, pos=pos, mask=mask, at=at)  # (B, T, V) or (N, V), T = 2L - noisy prompt
-    return sbd.sbd_loss(logits, labels, x.size(1), ntp_weight)  # the clean half: x.size(1) slots
+    loss, ntp, masked = sbd.sbd_loss(logits, labels, x.size(1), ntp_weight)  # clean: x.size(1)
+    if kl_weight:  # the causal head's distributions as soft targets
+        loss = loss + kl_weight * sbd.causal_kl(logits, labels, x.size(1), k, phases)
+    return loss, ntp, masked
 
 
 # model: a small GPT from scratch, or a pretrained Llama (fp32 master weights under FSDP)
@@ -354,10 +357,8 @@ def save(name, checkpoint):
 def save_resume(estimated=False):
     """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by name.
     estimated: this iteration's log_estimate is in eval.jsonl (a resume does not repeat it)."""
-    if fsdp:
-        optimizer_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL)
-    else:
-        optimizer_state = optimizer.state_dict()
+    optimizer_state = (get_optimizer_state_dict(raw_model, optimizer, options=FULL) if fsdp
+                       else optimizer.state_dict())
     save("resume", dict(stage_checkpoint(), optimizer=optimizer_state, estimated=estimated))
 
 
@@ -412,8 +413,7 @@ while iter_num < total_iters:
         dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
         t0 = time.time()
         tokens = rows * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
-        masked_text = ("" if masked_loss is None
-                       else f", masked-token {masked_loss.item():.4f} (k={k})")
+        masked_text = f", masked-token {masked_loss.item():.4f} (k={k})" if stage == "sbd" else ""
         # the configs' memory estimates are checked against this peak
         memory = (f", peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB"
                   if device_type == "cuda" else "")
