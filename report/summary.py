@@ -75,9 +75,9 @@ def agreement(completions, reference):
 
 
 def print_paired(rows):
-    """Under Table 1: each row against the NTP baseline, paired, and its agreement with the SBD
-    model's own NTP decoding (the second row)."""
-    baseline, own = rows[0][1], rows[1][1]
+    """Under Table 1: each row against the NTP baseline (the first row), paired, and its agreement
+    with the SBD model's own NTP decoding (the row named so: a reference row may come before it)."""
+    baseline, own = rows[0][1], dict(rows)["SBD model, NTP decoding"]
     print("\npaired against the NTP baseline on the same problems (Δ ± standard error, McNemar "
           "p; agree = completions identical to the SBD model's NTP decoding):")
     for name, r in rows[1:]:

@@ -110,3 +110,19 @@ def test_paired_statistics_by_hand():
     assert summary.mcnemar(10, 0) == pytest.approx(2 / 2 ** 10)
     assert summary.mcnemar(0, 0) == 1.0
     assert summary.paired(ref, ref)["se"] == 0.0
+
+
+def test_agreement_is_with_the_sbd_models_own_ntp_decoding(capsys):
+    """The 'agree' column compares each row with the row named 'SBD model, NTP decoding', also
+    when a reference row (the model as loaded) is inserted before it."""
+    def result(completions, correct):
+        return dict(completions=completions, correct=correct)
+    rows = [("NTP baseline", result(["a", "b", "c", "d"], [True, True, False, False])),
+            ("SmolLM2 as loaded, NTP decoding", result(["w", "x", "y", "z"], [False] * 4)),
+            ("SBD model, NTP decoding", result(["a", "b", "e", "f"], [True, True, True, False])),
+            ("SBD exact k=8 γ=1e+09", result(["a", "b", "e", "g"], [True, True, True, False]))]
+    summary.print_paired(rows)
+    lines = {line.split("  ")[0].strip(): line for line in capsys.readouterr().out.splitlines()}
+    assert lines["SmolLM2 as loaded, NTP decoding"].endswith("agree   0.0%")
+    assert lines["SBD model, NTP decoding"].endswith("agree 100.0%")
+    assert lines["SBD exact k=8 γ=1e+09"].endswith("agree  75.0%")
