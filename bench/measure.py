@@ -13,11 +13,18 @@ from generate import hybrid_forward
 
 
 def cpu_name():
+    """The CPU's model name and its bf16 units, which decide bf16 speed: 'Intel(R) Xeon(R)
+    Processor (AMX, AVX512-BF16)', or 'unknown CPU' off Linux."""
     try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
+        lines = open("/proc/cpuinfo").read().splitlines()
+    except OSError:
         return "unknown CPU"
+    name = next((line.split(":", 1)[1].strip() for line in lines
+                 if line.startswith("model name")), "unknown CPU")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    units = [unit for flag, unit in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
+             if flag in flags]
+    return f"{name} ({', '.join(units) or 'no bf16 units'})"
 
 
 def spread(values, digits=2):

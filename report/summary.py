@@ -8,10 +8,11 @@ judged by the problems on which the two rows disagree (paired standard error, Mc
 import json
 import math
 import os
-import platform
 import re
 
 import torch
+
+from bench.measure import cpu_name
 
 
 def summary_rows(rows):
@@ -21,13 +22,14 @@ def summary_rows(rows):
         accuracy=r["accuracy"], delta=r["accuracy"] - baseline["accuracy"],
         paired=paired(r["correct"], baseline["correct"]),
         forwards=r["forwards"], tokens=r["tokens"], speedup=baseline["forwards"] / r["forwards"],
+        seconds=r["seconds"],  # decoding this row's problems (where the report's time goes)
         **({"same_as_ntp": r["same_as_ntp"]} if "same_as_ntp" in r else {}))))
             for name, r in rows]
 
 
 def machine(model, device):
     """Where the report ran: the processor, threads, dtype and device."""
-    return dict(machine=platform.processor() or platform.machine(),
+    return dict(machine=cpu_name(),
                 threads=torch.get_num_threads(),
                 dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
                 device=torch.cuda.get_device_name() if str(device).startswith("cuda")
