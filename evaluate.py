@@ -195,6 +195,7 @@ OPTIONS = dict(
     val_benchmark="",  # γ is calibrated on val_problems rows of this file ('' = of benchmark)
     val_problems=200,  # (without val_benchmark, at most half the benchmark; the rest is test)
     baseline="",  # the NTP baseline: a directory, .gguf or .pt; '' = the run's own (pretrained.py)
+    as_loaded=True,  # a row for the pretrained model the run started from, decoded as loaded
     answer_marker="",  # grade the number after the last '####' or in the last '\boxed{...}'
     numeric=True,  # answers are numbers compared by value ('1,234' == '1234'); False: text
     max_new_tokens=512,  # the longest completion (cut per prompt to the model's context)
@@ -336,7 +337,9 @@ def main(argv):
                        o["dtype"], val_problems=o["val_problems"],
                        max_new_tokens=o["max_new_tokens"], answer_marker=o["answer_marker"],
                        numeric=o["numeric"])
-        reference = load_reference(run[2], device, next(run[1].parameters()).dtype, o["baseline"])
+        if o["as_loaded"]:
+            reference = load_reference(run[2], device, next(run[1].parameters()).dtype,
+                                       o["baseline"])
         if o["fp32_check_problems"] and next(run[1].parameters()).dtype != torch.float32:
             fp32_models = load_models(out_dir, device, o["baseline"], "float32")[:2]
     report(out_dir, device, run=run, reference=reference, fp32_models=fp32_models,

@@ -53,6 +53,13 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
     assert ntp["stage"] == "ntp" and sbd["stage"] == "sbd"
     assert sbd["tokenizer"] == dict(kind="gguf", path=tiny_gguf) and sbd["mask_id"] == 3
 
+    # --as_loaded=False leaves the untouched model's row out (the rest of Table 1 stays)
+    again = subprocess.run([sys.executable, "evaluate.py", f"--out_dir={out}", *REPORT.split(),
+                            "--as_loaded=False"], cwd=ROOT, capture_output=True, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "as loaded" not in again.stdout and "SBD exact k=8" in again.stdout
+
     # sbd_starts_from='init': the SBD stage started from the file, not from the NTP stage's weights
     again = tmp_path / "from_ntp"
     run = train(f"--init_from={tiny_gguf}", f"--out_dir={again}", *tiny, "--report=False",
