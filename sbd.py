@@ -216,14 +216,12 @@ def causal_kl(logits, labels, L, k, phases):
     logits (B, T, V), or (N, V) at the labelled slots as in sbd_loss. Returns 0 without pairs.
     """
     rows, noisy_slots, clean_slots = causal_pairs(labels, L, k, phases)
-    if logits.dim() == 2:  # slot (b, t) -> its row among the labelled slots
-        row_of = ((labels != IGNORE_INDEX).flatten().cumsum(0) - 1).view(labels.shape)
-        masked_logits = logits[row_of[rows, noisy_slots]]
-        causal_logits = logits[row_of[rows, clean_slots]]
-    else:
-        masked_logits, causal_logits = logits[rows, noisy_slots], logits[rows, clean_slots]
     if len(rows) == 0:
         return logits.sum() * 0.0
-    return F.kl_div(F.log_softmax(masked_logits.float(), -1),
-                    F.log_softmax(causal_logits.detach().float(), -1),
+    if logits.dim() == 2:  # slot (b, t) -> its row among the labelled slots
+        row_of = ((labels != IGNORE_INDEX).flatten().cumsum(0) - 1).view(labels.shape)
+        noisy_slots, clean_slots = row_of[rows, noisy_slots], row_of[rows, clean_slots]
+        logits, rows = logits[None], torch.zeros_like(rows)  # as one row: (1, N, V)
+    return F.kl_div(F.log_softmax(logits[rows, noisy_slots].float(), -1),
+                    F.log_softmax(logits[rows, clean_slots].detach().float(), -1),
                     log_target=True, reduction="batchmean")
