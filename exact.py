@@ -40,9 +40,9 @@ from generate import (
     sbd_generate,
     stop_reached,
 )
-from model import KVCache, attention_bias
+from model import KVCache
 from sampling import ONE_FORWARD, filter_logits, reveal_step, sample, suppress_mask
-from sbd import hybrid_mask
+from sbd import hybrid_bias, hybrid_mask
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 
@@ -88,21 +88,6 @@ class RowCache(KVCache):
     def forget(self, row, n):
         """Row `row` drops its last n committed tokens (they become scratch)."""
         self.lengths[row] -= n
-
-
-class HybridBias:
-    """hybrid_mask's additive bias for a batch-1 forward, made once per (T, n_commit): on n cached
-    tokens it is the last n + T columns of one made for the longest cache (a view, no new mask)."""
-
-    def __init__(self, max_len, dtype, device):
-        self.max_len, self.dtype, self.device, self.made = max_len, dtype, device, {}
-
-    def __call__(self, n_cached, T, n_commit):  # -> (T, n_cached + T), None for T = 1 (no mask)
-        if T > 1 and (T, n_commit) not in self.made:
-            q = torch.arange(T, device=self.device)[:, None]  # (T, 1): new token i
-            kv = torch.arange(-self.max_len, T, device=self.device)[None]  # (1, max_len + T)
-            self.made[T, n_commit] = attention_bias(hybrid_mask(q, kv, n_commit), self.dtype)
-        return self.made[T, n_commit][:, self.max_len - n_cached:] if T > 1 else None
 
 
 def slot_roles(i, n_prev, kb, P):
@@ -217,6 +202,7 @@ class Rows:
         self.block_start = [0] * B  # index of the block's first token among the row's tokens
         self.block = torch.full((B, K), settings.mask_id, device=device)  # (B, K)
         self.is_masked = torch.zeros(B, K, dtype=torch.bool, device=device)
+        self.slots = torch.arange(K, device=device)  # (K,)
         self.revealed_by = torch.full((B, K), -1, device=device)  # forward of the block, per slot
         self.forwards = torch.zeros(B, 1, dtype=torch.long, device=device)  # of the current block
         self.q = self.q_pending = None  # sampling: (B, K, V) the draws' distributions
@@ -239,7 +225,7 @@ class Rows:
         """Row b's next block: masks after its pending tokens, or none if they end the row."""
         self.kb[b] = self.block_size(b)
         self.block[b] = self.settings.mask_id
-        self.is_masked[b] = torch.arange(self.K, device=self.block.device) < self.kb[b]
+        self.is_masked[b] = self.slots < self.kb[b]
         self.revealed_by[b], self.forwards[b] = -1, 0
 
     def fed(self, b):
@@ -303,12 +289,12 @@ class Rows:
 
     def draft(self, logits, drafting, generator):
         """The reveal rule on the rows still drafting (a list of bools); logits (B, W, V) of the
-        first W block slots. -> revealed (B, K) bool."""
+        first W block slots. -> revealed (B, W) bool, or None when no row drafts."""
         W = logits.size(1)
-        revealed_all = torch.zeros_like(self.is_masked)
         if not any(drafting):  # a drafting row always has a masked slot: no sync to ask
-            return revealed_all
-        masked = self.is_masked[:, :W] & torch.tensor(drafting, device=logits.device)[:, None]
+            return None
+        drafting = True if all(drafting) else torch.tensor(drafting, device=logits.device)[:, None]
+        masked = self.is_masked[:, :W] & drafting
         block, revealed, q = reveal_step(logits, self.block[:, :W], masked, self.settings,
                                          generator, with_q=True)
         if q is not None:  # keep each draw's distribution q for the acceptance rule
@@ -316,8 +302,8 @@ class Rows:
         self.block[:, :W] = block
         self.is_masked[:, :W] &= ~revealed
         self.revealed_by[:, :W] = torch.where(revealed, self.forwards, self.revealed_by[:, :W])
-        revealed_all[:, :W] = revealed
-        return revealed_all
+        self.forwards += drafting  # forwards of each row's block
+        return revealed
 
     def finish_blocks(self, candidates):
         """Rows among candidates whose block is complete (no mask left, or a stop token with every
@@ -337,24 +323,26 @@ class Rows:
     def settle(self, cache, logits, pending, n_prev, fed, generator=None, record=False):
         """Check, draft and finish blocks after a forward of pending (B, P) and W block slots,
         logits (B, P + W, V) (lockstep_forward's outputs) -> its Step if record, else None."""
-        B, P, device = len(n_prev), pending.size(1), logits.device
+        B, P = len(n_prev), pending.size(1)
         active = [b for b in range(B) if not self.done[b] and self.kb[b]]  # drafting before checks
         checks, rejected, first = self.check(cache, pending, logits[:, :P], n_prev, generator)
         drafting = [b in active and not self.done[b] and not rejected[b] and fed[b] > 0
                     for b in range(B)]
         revealed = self.draft(logits[:, P:], drafting, generator)
-        revealed[:, 0] |= torch.tensor(first, device=device)
-        self.forwards += torch.tensor(drafting, device=device)[:, None]
-        step = self.step_record(revealed, checks, rejected, active) if record else None
+        step = self.step_record(revealed, first, checks, rejected, active) if record else None
         self.finish_blocks([b for b in active if not self.done[b] and not rejected[b]])
         return step
 
-    def step_record(self, revealed, checks, rejected, active):
+    def step_record(self, revealed, first, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row
         that only checked or whose new block was dropped), what it revealed, and its Check."""
+        shown = torch.zeros_like(self.is_masked)  # (B, K): the reveal rule's, NTP's slot 0
+        if revealed is not None:
+            shown[:, :revealed.size(1)] = revealed
+        shown[:, 0] |= torch.tensor(first, device=shown.device)
         kb = [self.kb[b] if b in active and not rejected[b] else 0 for b in range(len(self.out))]
         tokens = [self.block[b, :n].cpu().clone() for b, n in enumerate(kb)]
-        shown = [revealed[b, :n].cpu() for b, n in enumerate(kb)]
+        shown = [shown[b, :n].cpu() for b, n in enumerate(kb)]
         return Step(list(self.block_start), tokens, shown, checks)
 
 
@@ -381,14 +369,13 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), prompt.size(0))
     _, prefill_info = prefill(model, prompt, cache)
     rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size)
-    bias = HybridBias(cache.max_len, next(model.parameters()).dtype, prompt.device)
     widths, steps = [], []  # steps: each forward's Step, or None when not recorded
     while not all(rows.done):
         n = 0 if record_steps else ntp_step(model, cache, rows, generator)  # blocks of 1: NTP's
         if n:
             widths += [1] * n
             continue
-        logits, pending, n_prev, fed = lockstep_forward(model, cache, rows, bias)
+        logits, pending, n_prev, fed = lockstep_forward(model, cache, rows)
         widths.append(logits.size(1))
         steps.append(rows.settle(cache, logits, pending, n_prev, fed, generator, record_steps))
     stats = DecodeStats(tokens=[len(out) for out in rows.out], widths=widths,
@@ -422,9 +409,9 @@ def ntp_step(model, cache, rows, generator):
     return tokens.size(1)
 
 
-def lockstep_forward(model, cache, rows, bias):
-    """One forward of every row's pending tokens and block, padded to the widest row (bias: the
-    batch-1 path's HybridBias) -> logits (B, P + W, V), pending (B, P), n_prev and fed per row."""
+def lockstep_forward(model, cache, rows):
+    """One forward of every row's pending tokens and block, padded to the widest row -> logits
+    (B, P + W, V), pending (B, P), n_prev and fed per row."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
     fed = [rows.fed(b) for b in range(len(n_prev))]
     P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id
@@ -433,7 +420,8 @@ def lockstep_forward(model, cache, rows, bias):
                            device=rows.block.device)
     if len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1
         tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W): no padding
-        pos, mask = None, bias(cache.length, P + W, P)  # slot positions, hybrid_mask's bias
+        dtype = next(model.parameters()).dtype
+        pos, mask = None, hybrid_bias(cache.length, P + W, P, dtype, tokens.device)
     else:
         tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
     logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)

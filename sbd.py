@@ -15,7 +15,7 @@ Mask functions take (q, kv): the query slot and the key slot, broadcast over ind
 import torch
 from torch.nn import functional as F
 
-from model import IGNORE_INDEX, block_mask, causal_mask
+from model import IGNORE_INDEX, attention_bias, block_mask, causal_mask
 
 # -----------------------------------------------------------------------------
 # attention masks: pure functions of (query slot, key slot)
@@ -67,6 +67,24 @@ def hybrid_mask(q, kv, block_start):
         b0..b3: 1 1 1 | 1 1 1 1
     """
     return causal_mask(q, kv) | (q >= block_start)
+
+
+BIASES = {}  # (T, n_commit, dtype, device) -> hybrid_bias's mask, kept for every later decode
+
+
+def hybrid_bias(n_cached, T, n_commit, dtype, device):
+    """hybrid_mask's additive bias (T, n_cached + T) for a batch-1 forward of T new tokens, the
+    first n_commit committed; None for T = 1. Made once per (T, n_commit) for every decode: every
+    new token sees every cached one, so it is the last columns of one made for a longer cache."""
+    if T == 1:
+        return None  # one token on a cache sees all of it
+    key = (T, n_commit, dtype, device)
+    if key not in BIASES or BIASES[key].size(1) < n_cached + T:  # made for a shorter cache
+        span = max(2 * n_cached, 256)
+        q = torch.arange(T, device=device)[:, None]  # (T, 1): new token i
+        kv = torch.arange(-span, T, device=device)[None]  # (1, span + T): cached keys are < 0
+        BIASES[key] = attention_bias(hybrid_mask(q, kv, n_commit), dtype)
+    return BIASES[key][:, -(n_cached + T):]
 
 
 def training_mask(L, k, phases, device=None, noisy_start=0):

@@ -17,6 +17,7 @@ import torch
 import exact
 import generate
 import sampling
+import sbd
 import tiny_models
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -220,3 +221,24 @@ def test_exact_errors(kwargs, message):
         defaults = dict(k=4, gamma=0.1, mask_id=mask_id_of(m), exact=True)
         settings = sampling.DecodeSettings(**{**defaults, **kwargs})
         exact.exact_generate(m, torch.zeros(1, 3, dtype=torch.long), settings, n)
+
+
+def test_hybrid_bias_is_written_out_for_every_cache_length():
+    """The batch-1 bias, made once per (T, n_commit) and read as a view: every new token sees
+    every cached key, the first n_commit new tokens see each other causally, and the block's
+    tokens see everything new. Written out per entry, at lengths that grow past what the first
+    bias was made for and shrink again (the view of a remade bias)."""
+    sbd.BIASES.clear()
+    for n_cached in (3, 0, 300, 5, 1000):
+        for T, n_commit in ((1, 1), (4, 1), (6, 3), (5, 5)):
+            bias = sbd.hybrid_bias(n_cached, T, n_commit, torch.float32, "cpu")
+            if T == 1:
+                assert bias is None  # one token on a cache sees all of it: no mask
+                continue
+            want = torch.full((T, n_cached + T), float("-inf"))
+            for i in range(T):
+                for j in range(n_cached + T):
+                    new = j - n_cached  # < 0: a cached key
+                    if new < 0 or new <= i or i >= n_commit:
+                        want[i, j] = 0.0
+            assert torch.equal(bias, want), (n_cached, T, n_commit)
