@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from model import dense_mask
 from sampling import next_token, reveal_step
-from sbd import hybrid_mask
+from sbd import hybrid_bias
 
 # -----------------------------------------------------------------------------
 # what a decode returns besides the tokens
@@ -189,9 +188,8 @@ def hybrid_forward(model, cache, tokens, n_commit):
     and are never committed. Position ids are the slot indices. Every SBD forward of the decoders
     and the benchmarks is this one call.
     """
-    n, T = cache.length, tokens.size(1)
-    mask = None if T == 1 else dense_mask(lambda q, kv: hybrid_mask(q, kv, n + n_commit), T, n + T,
-                                          query_offset=n, device=tokens.device)  # (T, n + T)
+    n, T, dtype = cache.length, tokens.size(1), next(model.parameters()).dtype
+    mask = hybrid_bias(n, T, n_commit, dtype, tokens.device)  # (T, n + T), made once per shape
     logits, _ = model(tokens, mask=mask, cache=cache, n_commit=n_commit)
     return logits
 
