@@ -1,7 +1,8 @@
 """
 A training step, timed in the variants train.py could take, side by side in one run, interleaved,
 warm-up excluded: AdamW's for-each implementation or its fused kernel, then logits at every slot
-or only at the labelled slots (train.py head_at_labels), for either stage (NTP or SBD).
+or only at the labelled slots (train.py head_at_labels), then the model under torch.compile
+(train.py compile; its compile time is printed apart), for either stage (NTP or SBD).
 
     python -m bench.train_step                                  # the demo: a 0.8M GPT, addition
     python -m bench.train_step --init_from=smollm2 --dataset=wordproblems --seq_len=192 \\
@@ -10,7 +11,8 @@ or only at the labelled slots (train.py head_at_labels), for either stage (NTP o
 Each repetition times `steps` optimizer steps of each variant on the same batches (forward,
 backward, AdamW), so the ratios are measured within one repetition; the median and range over
 repetitions are printed. --profile=True also prints the operators that take the most time.
-Every variant computes the same loss (tests/test_head_at_labels.py): only the time differs.
+Every variant computes the same loss (tests/test_head_at_labels.py; compiled: up to rounding, as
+fused kernels add in another order, the largest difference printed): only the time differs.
 """
 
 import statistics
@@ -81,22 +83,25 @@ def loss_of(model, inputs, labels, L, at_labels):
 
 
 def train_steps(model, optimizer, data, at_labels, autocast):
-    """Seconds for one optimizer step per batch of data."""
-    t0 = time.perf_counter()
+    """(seconds for one optimizer step per batch of data, the losses)."""
+    t0, losses = time.perf_counter(), []
     for inputs, labels, L in data:
         with autocast:
             loss = loss_of(model, inputs, labels, L, at_labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
+        losses.append(loss.item())
+    return time.perf_counter() - t0, losses
 
 
-# name -> (fused AdamW, logits at labelled slots only); the last is what train.py does when
-# head_at_labels is on, the first what it did before either change
-VARIANTS = {"for-each AdamW, every slot": (False, False),
-            "fused AdamW, every slot": (True, False),
-            "fused AdamW, labelled slots": (True, True)}
+# name -> (fused AdamW, logits at labelled slots only, torch.compile); the third is what
+# train.py does when head_at_labels is on, the first what it did before either change
+VARIANTS = {"for-each AdamW, every slot": (False, False, False),
+            "fused AdamW, every slot": (True, False, False),
+            "fused AdamW, labelled slots": (True, True, False),
+            "compiled, fused, every slot": (True, False, True),
+            "compiled, fused, labelled": (True, True, True)}
 
 
 def main(argv):
@@ -113,22 +118,28 @@ def main(argv):
     if stage not in ("sbd", "ntp"):
         raise ConfigError(f"stage must be 'sbd' or 'ntp', got {stage!r}")
     model, task = build()
-    # one optimizer per variant (its own state); lr small: the weights barely move
-    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
-                  for name, (fused, _) in VARIANTS.items()}
+    # one optimizer per variant (its own state); lr 0: every variant sees the same weights, so
+    # their losses compare (AdamW's work per step does not depend on lr)
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=0.0, fused=fused)
+                  for name, (fused, *_) in VARIANTS.items()}
+    compiled = torch.compile(model)  # the same parameters, traced on first use
     data = batches(task, steps, torch.Generator().manual_seed(seed))
     tokens = sum(inputs["idx"].numel() for inputs, *_ in data) / steps
     labelled = sum(int((lab != IGNORE_INDEX).sum()) for _, lab, _ in data) / steps
     print(f"{init_from}, {stage} step: {tokens:.0f} slots per step, {labelled:.0f} labelled "
           f"({100 * labelled / tokens:.0f}%), {ptdtype}, {torch.get_num_threads()} threads, "
           f"{cpu_name() if dev == 'cpu' else dev}")
-    for _ in range(warmup):
-        for name, (_, at_labels) in VARIANTS.items():
-            train_steps(model, optimizers[name], data[:1], at_labels, autocast)
+    net = {name: compiled if compile_ else model for name, (_, _, compile_) in VARIANTS.items()}
+    warm, losses = {}, {}  # warm-up seconds (the compile), each variant's losses
+    for _ in range(warmup):  # every batch shape once: a new one would compile again
+        for name, (_, at_labels, _) in VARIANTS.items():
+            seconds = train_steps(net[name], optimizers[name], data, at_labels, autocast)[0]
+            warm.setdefault(name, seconds)
     times = {name: [] for name in VARIANTS}
     for _ in range(reps):
-        for name, (_, at_labels) in VARIANTS.items():
-            seconds = train_steps(model, optimizers[name], data, at_labels, autocast)
+        for name, (_, at_labels, _) in VARIANTS.items():
+            seconds, losses[name] = train_steps(net[name], optimizers[name], data, at_labels,
+                                                autocast)
             times[name].append(seconds / steps)
     first = next(iter(VARIANTS))
     for name, t in times.items():
@@ -137,8 +148,13 @@ def main(argv):
               f"{max(t) * 1e3:.1f}], {statistics.median(ratio):.2f}x [{min(ratio):.2f}x, "
               f"{max(ratio):.2f}x] the first's speed")
     print(f"(medians and ranges over {reps} interleaved repetitions of {steps} steps)")
+    print(f"compile: the first warm-up pass took {warm[list(VARIANTS)[-2]]:.1f} s and "
+          f"{warm[list(VARIANTS)[-1]]:.1f} s (the others {warm[first]:.1f} s); losses of the last "
+          "repetition, largest difference from the first variant's: " + ", ".join(
+              f"{max(abs(a - b) for a, b in zip(losses[first], v)):.1e}"
+              for v in list(losses.values())[1:]))
     if profile:
-        name = list(VARIANTS)[-1]
+        name = list(VARIANTS)[2]
         with torch.profiler.profile() as p:
             train_steps(model, optimizers[name], data, VARIANTS[name][1], autocast)
         print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
