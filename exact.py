@@ -293,6 +293,7 @@ class Rows:
         W = logits.size(1)
         if not any(drafting):  # a drafting row always has a masked slot: no sync to ask
             return None
+        # (B, 1) flags, or True when every row drafts (no tensor to make, as always at batch 1)
         drafting = True if all(drafting) else torch.tensor(drafting, device=logits.device)[:, None]
         masked = self.is_masked[:, :W] & drafting
         block, revealed, q = reveal_step(logits, self.block[:, :W], masked, self.settings,
