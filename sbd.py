@@ -73,9 +73,9 @@ BIASES = {}  # (T, n_commit, dtype, device) -> hybrid_bias's mask, kept for ever
 
 
 def hybrid_bias(n_cached, T, n_commit, dtype, device):
-    """hybrid_mask's additive bias (T, n_cached + T) for a batch-1 forward of T new tokens, the
-    first n_commit committed; None for T = 1. Made once per (T, n_commit) for every decode: every
-    new token sees every cached one, so it is the last columns of one made for a longer cache."""
+    """hybrid_mask's additive bias (T, n_cached + T) for T new tokens, the first n_commit committed,
+    on n_cached tokens in every row; None for T = 1. Made once per (T, n_commit) for every decode:
+    every new token sees every cached one, so it is the end of one made for a longer cache."""
     if T == 1:
         return None  # one token on a cache sees all of it
     key = (T, n_commit, dtype, device)
