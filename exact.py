@@ -33,6 +33,7 @@ from generate import (
     Step,
     check_mask_id,
     check_prompt,
+    hybrid_forward,
     new_cache,
     ntp_generate,
     ntp_run,
@@ -42,7 +43,7 @@ from generate import (
 )
 from model import KVCache
 from sampling import ONE_FORWARD, filter_logits, reveal_step, sample, suppress_mask
-from sbd import hybrid_bias, hybrid_mask
+from sbd import hybrid_mask
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 
@@ -421,11 +422,10 @@ def lockstep_forward(model, cache, rows):
                            device=rows.block.device)
     if len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1
         tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W): no padding
-        dtype = next(model.parameters()).dtype
-        pos, mask = None, hybrid_bias(cache.length, P + W, P, dtype, tokens.device)
+        logits = hybrid_forward(model, cache, tokens, P)  # plain SBD's forward
     else:
         tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
-    logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
+        logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
     for b in range(len(n_prev)):
         cache.forget(b, P - n_prev[b])  # the padding was committed with the pending tokens
         rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])

@@ -46,7 +46,7 @@ TARGETS = [
     (generate, "dense_mask", "masks"), (generate, "hybrid_bias", "masks"),
     (model_lib, "default_mask", "masks"), (model_lib, "attention_bias", "masks"),
     (exact, "lockstep_inputs", "masks"), (exact, "exact_mask", "masks"),
-    (exact, "lockstep_mask", "masks"), (exact, "hybrid_bias", "masks"),
+    (exact, "lockstep_mask", "masks"),
     (torch.Tensor, "item", "syncs"), (torch.Tensor, "tolist", "syncs"),
     (torch.Tensor, "__bool__", "syncs"), (torch.Tensor, "__int__", "syncs"),
     (torch.Tensor, "__float__", "syncs"),

@@ -148,13 +148,14 @@ def main(argv):
               f"{max(t) * 1e3:.1f}], {statistics.median(ratio):.2f}x [{min(ratio):.2f}x, "
               f"{max(ratio):.2f}x] the first's speed")
     print(f"(medians and ranges over {reps} interleaved repetitions of {steps} steps)")
-    print(f"compile: the first warm-up pass took {warm[list(VARIANTS)[-2]]:.1f} s and "
-          f"{warm[list(VARIANTS)[-1]]:.1f} s (the others {warm[first]:.1f} s); losses of the last "
-          "repetition, largest difference from the first variant's: " + ", ".join(
+    compiled_warm = [f"{warm[name]:.1f} s" for name, (*_, c) in VARIANTS.items() if c]
+    print(f"compile: the first warm-up pass took {' and '.join(compiled_warm)} (eager: "
+          f"{warm[first]:.1f} s); losses of the last repetition, largest difference from the "
+          "first variant's: " + ", ".join(
               f"{max(abs(a - b) for a, b in zip(losses[first], v)):.1e}"
               for v in list(losses.values())[1:]))
     if profile:
-        name = list(VARIANTS)[2]
+        name = "fused AdamW, labelled slots"  # train.py's step with head_at_labels
         with torch.profiler.profile() as p:
             train_steps(model, optimizers[name], data, VARIANTS[name][1], autocast)
         print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
