@@ -76,6 +76,7 @@ k_min = 8  # block size k ~ U{k_min..k_max} once per step (the paper: U{2..16});
 k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findings.md, Block sizes)
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 kl_weight = 0.0  # weight of a KL term to the causal head's distribution (sbd.causal_kl); 0 = off
+sbd_responses = ""  # a .jsonl of other responses stage 2 learns (its own: report/distill.py)
 loss_on_answer_only = True  # both losses and the noise on the completion only, as in SFT
 block_phase = "answer"  # noisy blocks start at: 'answer' (where decoding starts), 'random', 'zero'
 head_at_labels = False  # logits only at labelled slots, both stages (a large vocabulary's head)
@@ -113,6 +114,8 @@ if pretrained:
 if dataset.endswith(".jsonl") and init_from == "scratch":
     raise ConfigError(f"dataset={dataset!r}: a .jsonl dataset fine-tunes a Llama-family model; "
                       "set init_from to its directory, a .gguf file or 'smollm2'")
+if sbd_responses and init_from == "scratch":
+    raise ConfigError("sbd_responses replaces the responses of a chat dataset (a Llama's)")
 if sbd_starts_from not in ("ntp", "init"):
     raise ConfigError(f"sbd_starts_from must be 'ntp' or 'init', got {sbd_starts_from!r}")
 if attention not in ("sdpa", "flex"):
@@ -181,13 +184,19 @@ elif llama:
 # data: fixed-length rows; `answer` marks each row's completion (what the model must write)
 task = JsonlTask(dataset, tokenizer, seq_len) if llama else CharTask(dataset)
 data = {split: task.training_tensors(split, loss_on_answer_only) for split in ("train", "val")}
+if sbd_responses:  # stage 2 learns these responses to the same prompts, row for row
+    data["train", "sbd"] = task.with_responses(sbd_responses).training_tensors(
+        "train", loss_on_answer_only)
 L = task.seq_len
 
 
 def get_batch(split, generator, rows):
-    x, y, answer = data[split]
+    x, y, answer = data.get((split, stage), data[split])
     ix = torch.randint(len(x), (rows,), generator=generator)
     x, y, answer = x[ix], y[ix], answer[ix]
+    if (split, stage) in data and not answer.any(1).all():
+        raise ConfigError(f"stage 2 drew a training prompt that {sbd_responses} has no response "
+                          "for: make it with report/distill.py for this run's seed and steps")
     if llama:  # chat rows end in padding: cut the columns that are padding in every row. Nothing
         # earlier attends to them and they carry no label, so the loss is the same, for less work
         used = ((y != IGNORE_INDEX) | answer).any(0).nonzero()  # a label, or a token to mask

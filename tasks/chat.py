@@ -3,6 +3,7 @@ Instruction data for fine-tuning a chat model: prompt/response pairs in a local 
 the one JSONL reader and chat-prompt builder that benchmarks and sample.py share.
 """
 
+import copy
 import json
 import os
 
@@ -91,6 +92,21 @@ class JsonlTask:
         if len(self.splits["train"]) < 1:
             raise ConfigError(f"{dataset}: no training pairs (a .jsonl needs at least two)")
         self.data_version = data_version(paths)
+        self.row_pairs = {}  # split -> the pair of each row, set by rows()
+
+    def with_responses(self, path):
+        """This task with other responses to its training prompts, e.g. a model's own solutions
+        (report/distill.py): the pairs of a JSONL file, matched by prompt. A training prompt the
+        file does not answer keeps a row with no response (train.py refuses to draw it)."""
+        rows = read_jsonl(path, ("prompt", "response"), "responses")
+        answers = {row["prompt"]: row["response"] for _, row in rows}
+        other = copy.copy(self)
+        train = [(prompt, answers.get(prompt)) for prompt, _ in self.splits["train"]]
+        other.splits = dict(self.splits, train=train)
+        other.row_pairs = {}
+        if all(r is None for _, r in other.splits["train"]):
+            raise ConfigError(f"{path}: none of its prompts is a training prompt of {self.name}")
+        return other
 
     @property
     def max_new_tokens(self):
@@ -124,12 +140,15 @@ class JsonlTask:
         seq_len + 1) bool masks: the response and its end (what the model must write), and the
         padding."""
         rows, is_response, is_fill, n_cut = [], [], [], 0
-        for prompt, response in self.splits[split]:
+        self.row_pairs[split] = []  # the index of each row's pair in the split
+        for i, (prompt, response) in enumerate(self.splits[split]):
             p = self.encode_prompt(prompt)
-            ids = p + self.encode(response.strip()) + [self.stop_id]
+            # a pair without a response (with_responses) keeps its row: nothing to learn in it
+            ids = p if response is None else p + self.encode(response.strip()) + [self.stop_id]
             n_cut += len(ids) > self.seq_len + 1
             if len(p) >= self.seq_len:  # no room for a single response token among the inputs
                 continue
+            self.row_pairs[split].append(i)
             ids = ids[:self.seq_len + 1]
             fill = self.seq_len + 1 - len(ids)
             rows.append(ids + [self.pad_id] * fill)
