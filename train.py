@@ -185,16 +185,16 @@ elif llama:
 task = JsonlTask(dataset, tokenizer, seq_len) if llama else CharTask(dataset)
 data = {split: task.training_tensors(split, loss_on_answer_only) for split in ("train", "val")}
 if sbd_responses:  # stage 2 learns these responses to the same prompts, row for row
-    data["train", "sbd"] = task.with_responses(sbd_responses).training_tensors(
+    data["responses"] = task.with_responses(sbd_responses).training_tensors(
         "train", loss_on_answer_only)
 L = task.seq_len
 
 
 def get_batch(split, generator, rows):
-    x, y, answer = data.get((split, stage), data[split])
+    x, y, answer = data[split]
     ix = torch.randint(len(x), (rows,), generator=generator)
     x, y, answer = x[ix], y[ix], answer[ix]
-    if (split, stage) in data and not answer.any(1).all():
+    if split == "responses" and not answer.any(1).all():
         raise ConfigError(f"stage 2 drew a training prompt that {sbd_responses} has no response "
                           "for: make it with report/distill.py for this run's seed and steps")
     if llama:  # chat rows end in padding: cut the columns that are padding in every row. Nothing
@@ -403,13 +403,14 @@ while iter_num < total_iters:
     rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
     rows = batch_size if stage == "ntp" else sbd_batch_size
+    split = "responses" if stage == "sbd" and sbd_responses else "train"  # estimates: dataset's
     k = k_min + int(torch.randint(0, k_max - k_min + 1, (1,), generator=rng))  # one k per step
     for micro_step in range(gradient_accumulation_steps):
         if ddp and not fsdp:  # synchronise gradients on the last micro-step only
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         with autocast:
             loss, ntp_loss, masked_loss = forward_loss(model, stage,
-                                                       *get_batch("train", rng, rows), k, rng)
+                                                       *get_batch(split, rng, rows), k, rng)
         scaler.scale(loss / gradient_accumulation_steps).backward()
     if grad_clip > 0:
         scaler.unscale_(optimizer)

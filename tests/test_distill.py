@@ -47,8 +47,8 @@ def test_stage_2_learns_the_ntp_models_own_solutions(files, tmp_path):
             f"--dataset={files['jsonl']}", f"--out_dir={out_dir}", "--device=cpu",
             "--dtype=float32", "--fsdp=False", "--attention=sdpa", "--seq_len=48", "--batch_size=2",
             "--sbd_batch_size=2", "--gradient_accumulation_steps=1", "--ntp_iters=2",
-            "--sbd_iters=3", "--sbd_starts_from=ntp", "--warmup_iters=1", "--eval_interval=100",
-            "--log_interval=1"]
+            "--sbd_iters=3", "--sbd_starts_from=ntp", "--warmup_iters=1", "--eval_interval=3",
+            "--eval_iters=1", "--log_interval=1"]  # a loss estimate in each stage
     run("train.py", *args, "--halt_after=2")  # stage 1, halted where stage 2 starts
     own = tmp_path / "own.jsonl"
     log = run("-m", "report.distill", f"--ckpt={out_dir / 'ckpt_ntp.pt'}", f"--out={own}",
