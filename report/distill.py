@@ -1,7 +1,8 @@
 """
 Self-distilled targets for the SBD stage: an NTP fine-tune's own greedy solutions to the training
 prompts that stage 2 will draw, written as {"prompt", "response"} pairs for train.py's
-sbd_responses.
+sbd_responses; with --keep=correct only the solutions whose final answer is right, the dataset's
+own response elsewhere.
 
     python train.py config/sbd_smollm2.py --sbd_starts_from=ntp --halt_after=450 --out_dir=<run>
     python -m report.distill --ckpt=<run>/ckpt_ntp.pt --out=<run>/own.jsonl
@@ -31,13 +32,15 @@ from configurator import ConfigError, configure, pick_device, require, resolve_d
 from model import load_checkpoint
 from pretrained.loading import tokenizer_of
 from sampling import settings_for
-from tasks import JsonlTask, check_same_data
+from tasks import JsonlTask, check_same_data, final_answer
 from tasks.solve import decode_batches
 
 OPTIONS = dict(
     ckpt="",  # the teacher: a train.py NTP checkpoint (ckpt_ntp.pt) of a chat dataset
     out="",  # the .jsonl to write (atomically)
     rows="drawn",  # 'drawn': the prompts stage 2 will draw; 'all': every training prompt
+    keep="all",  # 'correct': a solution only if its final answer is the dataset response's
+    answer_marker="####",  # keep='correct': the final answer is the first number after it
     seed=-1, ntp_iters=-1, sbd_iters=-1, sbd_batch_size=-1, k_min=-1, k_max=-1,  # -1: the run's
     batch_size=32,  # prompts decoded together
     dtype="auto",  # bf16 where the device computes it natively
@@ -54,6 +57,19 @@ def stage_2_rows(n_rows, seed, ntp_iters, sbd_iters, rows, k_min, k_max):
         torch.randint(0, k_max - k_min + 1, (1,), generator=rng)  # the step's k
         drawn += torch.randint(n_rows, (rows,), generator=rng).tolist()
     return drawn
+
+
+def kept_responses(own, gold, keep, marker):
+    """The responses to write -> (responses, how many of own give gold's final answer). keep:
+    'all' keeps own; 'correct' keeps an own response only where its final answer is gold's (the
+    first number after marker), else gold's."""
+    right = []
+    for mine, theirs in zip(own, gold):
+        want = final_answer(theirs, marker)
+        right.append(want is not None and final_answer(mine, marker) == want)
+    if keep == "correct":
+        own = [mine if ok else theirs for mine, ok, theirs in zip(own, right, gold)]
+    return list(own), sum(right)
 
 
 def run_settings(checkpoint, o):
@@ -75,6 +91,7 @@ def main(argv):
     require(o["ckpt"] and o["out"], "name the teacher and the file: --ckpt=<run>/ckpt_ntp.pt "
             "--out=<file>.jsonl")
     require(o["rows"] in ("drawn", "all"), f"rows must be 'drawn' or 'all', got {o['rows']!r}")
+    require(o["keep"] in ("all", "correct"), f"keep must be 'all' or 'correct', got {o['keep']!r}")
     device = pick_device(o["device"])
     model, checkpoint = load_checkpoint(o["ckpt"], device)
     if checkpoint["model_family"] != "llama":
@@ -105,6 +122,10 @@ def main(argv):
     seconds = time.perf_counter() - t0
     print(f"decoded {len(problems)} prompts in {seconds:.0f} s ({unfinished} did not end within "
           f"{task.max_new_tokens} tokens)")
+    responses, n_right = kept_responses(responses, [gold for _, gold in problems], o["keep"],
+                                        o["answer_marker"])
+    print(f"{n_right} of {len(problems)} solutions ({100 * n_right / len(problems):.1f}%) give "
+          "the dataset response's final answer")
     tmp = o["out"] + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         for (prompt, _), response in zip(problems, responses):

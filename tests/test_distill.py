@@ -12,6 +12,7 @@ import pytest
 from test_llama_sbd import PAIRS, ROOT, run, write_llama_dir, write_tokenizer
 
 from model import IGNORE_INDEX
+from report.distill import kept_responses
 from tasks import JsonlTask
 
 
@@ -71,3 +72,13 @@ def test_stage_2_learns_the_ntp_models_own_solutions(files, tmp_path):
     # the whole file: stage 2 runs to its end
     log = run("train.py", *args, "--init_from=resume", f"--sbd_responses={own}")
     assert "iter 2 [sbd]" in log and "iter 4 [sbd]" in log and "saved the SBD model" in log
+
+
+def test_keep_correct_keeps_the_solutions_with_the_right_final_answer():
+    gold = ["2 + 3 = 5.\n#### 5", "7 * 6 = 42.\n#### 42", "10 - 4 = 6.\n#### 6", "no marker 9"]
+    own = ["2 and 3 make 5\n#### 5.0", "7 * 6 = 42.\n#### 41", "10 - 4 = 6.", "it is 9"]
+    # the third has no marker: its last number counts (6); the fourth: gold's last number (9)
+    kept, n_right = kept_responses(own, gold, "correct", "####")
+    assert n_right == 3 and kept == [own[0], gold[1], own[2], own[3]]
+    assert kept_responses(own, gold, "all", "####") == (own, 3)
+    assert kept_responses(["#### 5"], ["no number"], "correct", "####") == (["no number"], 0)
