@@ -195,8 +195,8 @@ def get_batch(split, generator, rows):
     ix = torch.randint(len(x), (rows,), generator=generator)
     x, y, answer = x[ix], y[ix], answer[ix]
     if split == "responses" and not answer.any(1).all():
-        raise ConfigError(f"stage 2 drew a training prompt that {sbd_responses} has no response "
-                          "for: make it with report/distill.py for this run's seed and steps")
+        raise ConfigError(f"stage 2 drew a training prompt that {sbd_responses} does not "
+                          "answer: report/distill.py makes it per run (under torchrun: --rows=all)")
     if llama:  # chat rows end in padding: cut the columns that are padding in every row. Nothing
         # earlier attends to them and they carry no label, so the loss is the same, for less work
         used = ((y != IGNORE_INDEX) | answer).any(0).nonzero()  # a label, or a token to mask

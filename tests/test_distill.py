@@ -68,7 +68,7 @@ def test_stage_2_learns_the_ntp_models_own_solutions(files, tmp_path):
     out = subprocess.run([sys.executable, "train.py", *args, f"--out_dir={tmp_path / 'copy'}",
                           "--init_from=resume", f"--sbd_responses={short}"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=240)
-    assert out.returncode == 2 and "has no response for" in out.stderr
+    assert out.returncode == 2 and "does not answer" in out.stderr
     # the whole file: stage 2 runs to its end
     log = run("train.py", *args, "--init_from=resume", f"--sbd_responses={own}")
     assert "iter 2 [sbd]" in log and "iter 4 [sbd]" in log and "saved the SBD model" in log
