@@ -48,7 +48,7 @@ from model import (
 )
 from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
-from tasks import CharTask, JsonlTask, check_same_data
+from tasks import CharTask, JsonlTask, check_same_data, step_generator
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo
@@ -400,7 +400,7 @@ while iter_num < total_iters:
         group["lr"] = lr
     # every random draw of a step (batch, k, noise, dropout) is a function of (seed, rank,
     # iter_num) alone, so a resumed run, on any number of ranks, draws what an uninterrupted would
-    rng = torch.Generator().manual_seed(hash((seed, rank, iter_num)) % 2**63)
+    rng = step_generator(seed, rank, iter_num)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
     rows = batch_size if stage == "ntp" else sbd_batch_size
     split = "responses" if stage == "sbd" and sbd_responses else "train"  # estimates: dataset's

@@ -32,7 +32,7 @@ from configurator import ConfigError, configure, pick_device, require, resolve_d
 from model import load_checkpoint
 from pretrained.loading import tokenizer_of
 from sampling import settings_for
-from tasks import JsonlTask, check_same_data, final_answer
+from tasks import JsonlTask, check_same_data, final_answer, step_generator
 from tasks.solve import decode_batches
 
 OPTIONS = dict(
@@ -53,7 +53,7 @@ def stage_2_rows(n_rows, seed, ntp_iters, sbd_iters, rows, k_min, k_max):
     run draw, in order: each step's generator gives its k, then its rows (train.py's loop)."""
     drawn = []
     for it in range(ntp_iters, ntp_iters + sbd_iters):
-        rng = torch.Generator().manual_seed(hash((seed, 0, it)) % 2**63)
+        rng = step_generator(seed, 0, it)
         torch.randint(0, k_max - k_min + 1, (1,), generator=rng)  # the step's k
         drawn += torch.randint(n_rows, (rows,), generator=rng).tolist()
     return drawn
@@ -100,8 +100,8 @@ def main(argv):
     task = JsonlTask(checkpoint["dataset"], tokenizer_of(checkpoint["tokenizer"]),
                      checkpoint["config"]["seq_len"])
     check_same_data(checkpoint, task, o["ckpt"])
-    task.rows("train")  # which pair each training row holds (task.row_pairs)
-    pairs = [task.splits["train"][i] for i in task.row_pairs["train"]]
+    pairs = [pair for pair in task.splits["train"]  # row i of train.py's data holds pairs[i]
+             if task.has_row(task.encode_prompt(pair[0]))]
     if o["rows"] == "all":
         chosen = range(len(pairs))
     else:

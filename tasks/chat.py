@@ -92,7 +92,6 @@ class JsonlTask:
         if len(self.splits["train"]) < 1:
             raise ConfigError(f"{dataset}: no training pairs (a .jsonl needs at least two)")
         self.data_version = data_version(paths)
-        self.row_pairs = {}  # split -> the pair of each row, set by rows()
 
     def with_responses(self, path):
         """This task with other responses to its training prompts, e.g. a model's own solutions
@@ -103,7 +102,6 @@ class JsonlTask:
         other = copy.copy(self)
         train = [(prompt, answers.get(prompt)) for prompt, _ in self.splits["train"]]
         other.splits = dict(self.splits, train=train)
-        other.row_pairs = {}
         if all(r is None for _, r in other.splits["train"]):
             raise ConfigError(f"{path}: none of its prompts is a training prompt of {self.name}")
         return other
@@ -135,20 +133,22 @@ class JsonlTask:
     def encode_prompt(self, prompt):
         return chat_prompt(self.tokenizer, prompt)
 
+    def has_row(self, prompt_ids):
+        """Whether a pair gets a row: its prompt leaves room for a response token."""
+        return len(prompt_ids) < self.seq_len
+
     def rows(self, split):
         """(N, seq_len + 1) ids: chat prompt, response, the turn's end, padding; and two (N,
         seq_len + 1) bool masks: the response and its end (what the model must write), and the
         padding."""
         rows, is_response, is_fill, n_cut = [], [], [], 0
-        self.row_pairs[split] = []  # the index of each row's pair in the split
-        for i, (prompt, response) in enumerate(self.splits[split]):
+        for prompt, response in self.splits[split]:
             p = self.encode_prompt(prompt)
             # a pair without a response (with_responses) keeps its row: nothing to learn in it
             ids = p if response is None else p + self.encode(response.strip()) + [self.stop_id]
             n_cut += len(ids) > self.seq_len + 1
-            if len(p) >= self.seq_len:  # no room for a single response token among the inputs
+            if not self.has_row(p):  # no room for a single response token among the inputs
                 continue
-            self.row_pairs[split].append(i)
             ids = ids[:self.seq_len + 1]
             fill = self.seq_len + 1 - len(ids)
             rows.append(ids + [self.pad_id] * fill)
