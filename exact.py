@@ -173,7 +173,7 @@ def next_block_size(k, n_drafts, n_ok, patience, wait, K):
     speculative decoding back off. Returns (k, patience, wait)."""
     if n_drafts == 0:  # nothing to judge by: a block of 1 waits for its next try
         wait = max(wait - 1, 0)
-        return (2 if k == 1 and wait == 0 else k), patience, wait
+        return (min(2, K) if k == 1 and wait == 0 else k), patience, wait
     if n_ok == n_drafts:
         return min(2 * k, K), 1, 0
     if n_ok == 0:
@@ -189,11 +189,16 @@ class Rows:
     """Each row's state between forwards: host lists, and tensors for the blocks being drafted.
     Its methods are the decoder's steps: check what a forward committed, draft, finish blocks."""
 
-    def __init__(self, prompt, settings, max_new_tokens, vocab_size):
+    def __init__(self, prompt, settings, max_new_tokens, vocab_size, tensor_state=False):
         B, K, device = prompt.size(0), settings.k, prompt.device
         if settings.adaptive:  # the block size sets how much is drafted: every slot in one forward
             settings = settings.replace(gamma=ONE_FORWARD)
         self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
+        # greedy drafts of a whole block in the forward that feeds it: a forward's argmaxes are all
+        # the state a row needs, so it lives in host lists (settle_on_host); else in tensors (and
+        # always with tensor_state: the step view records the tensors)
+        self.on_host = settings.temperature == 0 and settings.gamma >= ONE_FORWARD
+        self.on_host &= not tensor_state
         self.stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
         self.out, self.done = [[] for _ in range(B)], [False] * B  # checked tokens; row done
         self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
@@ -225,6 +230,8 @@ class Rows:
     def new_block(self, b):
         """Row b's next block: masks after its pending tokens, or none if they end the row."""
         self.kb[b] = self.block_size(b)
+        if self.on_host:  # the block tensor stays all masks: only fed, never drafted into
+            return
         self.block[b] = self.settings.mask_id
         self.is_masked[b] = self.slots < self.kb[b]
         self.revealed_by[b], self.forwards[b] = -1, 0
@@ -250,7 +257,12 @@ class Rows:
         n_drafts, P = [max(n - 1, 0) for n in n_prev], pending.size(1)
         both = torch.cat([ok, targets], dim=1).tolist()  # one transfer: (B, 2P - 1)
         n_ok = [next((j for j in range(n) if not row[j]), n) for row, n in zip(both, n_drafts)]
-        targets = [row[P - 1:] for row in both]
+        return self.commit(cache, n_prev, n_ok, [row[P - 1:] for row in both])
+
+    def commit(self, cache, n_prev, n_ok, targets):
+        """What each row's check decided: keep its first n_ok[b] drafts, then NTP's token
+        targets[b][n_ok[b]] (a correction, or its new block's first token). -> as check's."""
+        n_drafts = [max(n - 1, 0) for n in n_prev]
         checks, rejected, first = [None] * len(n_prev), [False] * len(n_prev), [False] * len(n_prev)
         for b in (b for b in range(len(n_prev)) if n_prev[b]):
             a, n, drafted = n_ok[b], n_drafts[b], self.pending[b][1:]
@@ -272,8 +284,9 @@ class Rows:
             elif self.kb[b] == 0:  # the row's last block checked out
                 self.done[b] = True
             else:  # the new block's first token is NTP's own: checked as it is made
-                self.block[b, 0], self.is_masked[b, 0] = targets[b][n], False
-                self.revealed_by[b, 0] = 0
+                if not self.on_host:
+                    self.block[b, 0], self.is_masked[b, 0] = targets[b][n], False
+                    self.revealed_by[b, 0] = 0
                 self.block_start[b], first[b] = len(self.out[b]), True
                 self.emit(b, [targets[b][n]])
                 self.pending[b] = []
@@ -317,14 +330,20 @@ class Rows:
             self.q_pending[complete] = self.q[complete, 1:]
         for b in complete:
             block, by = state[b][1:self.kb[b] + 1], state[b][self.K + 1:]  # the row's kb slots
-            n_keep = next((i for i, t in enumerate(block) if t in self.settings.stop_ids),
-                          len(block) - 1)
-            self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], by[:self.kb[b]]
-            self.new_block(b)
+            self.finish_block(b, block, by[:self.kb[b]])
+
+    def finish_block(self, b, block, revealed_by):
+        """Row b's drafted block (its kb tokens) becomes its pending tokens, up to a stop token."""
+        n_keep = next((i for i, t in enumerate(block) if t in self.settings.stop_ids),
+                      len(block) - 1)
+        self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], revealed_by
+        self.new_block(b)
 
     def settle(self, cache, logits, pending, n_prev, fed, generator=None, record=False):
         """Check, draft and finish blocks after a forward of pending (B, P) and W block slots,
         logits (B, P + W, V) (lockstep_forward's outputs) -> its Step if record, else None."""
+        if self.on_host:
+            return self.settle_on_host(cache, logits, n_prev)
         B, P = len(n_prev), pending.size(1)
         active = [b for b in range(B) if not self.done[b] and self.kb[b]]  # drafting before checks
         checks, rejected, first = self.check(cache, pending, logits[:, :P], n_prev, generator)
@@ -334,6 +353,18 @@ class Rows:
         step = self.step_record(revealed, first, checks, rejected, active) if record else None
         self.finish_blocks([b for b in active if not self.done[b] and not rejected[b]])
         return step
+
+    def settle_on_host(self, cache, logits, n_prev):
+        """settle for greedy drafts of whole blocks (on_host): one argmax and one transfer; the
+        causal slots give NTP's tokens (the check), the block slots the drafts (the reveal)."""
+        P = max(n_prev)
+        tokens = suppress_mask(logits, self.settings.mask_id).argmax(-1).tolist()  # (B, P + W)
+        n_ok = [next((j for j, d in enumerate(p[1:]) if d != row[j]), len(p) - 1) if n else 0
+                for p, row, n in zip(self.pending, tokens, n_prev)]
+        _, _, first = self.commit(cache, n_prev, n_ok, tokens)
+        for b in (b for b in range(len(n_prev)) if first[b] and not self.done[b]):
+            kb = self.kb[b]  # slot 0 is NTP's token, just emitted; slot i's draft is at P + i
+            self.finish_block(b, self.out[b][-1:] + tokens[b][P + 1:P + kb], [0] * kb)
 
     def step_record(self, revealed, first, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row
@@ -370,7 +401,8 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     t0 = time.perf_counter()
     cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), prompt.size(0))
     _, prefill_info = prefill(model, prompt, cache)
-    rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size)
+    rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size,
+                tensor_state=record_steps)
     widths, steps = [], []  # steps: each forward's Step, or None when not recorded
     while not all(rows.done):
         n = 0 if record_steps else ntp_step(model, cache, rows, generator)  # blocks of 1: NTP's

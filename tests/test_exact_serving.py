@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from test_exact import ScriptedDrafts
 from torch.nn import functional as F
 
 import exact
@@ -251,3 +252,45 @@ def test_adaptive_exact_never_costs_much_more_than_ntp(family, gamma):
     _, plain_stats = exact.exact_generate(m, prompts, plain, 48)
     if gamma == 0.0:  # the bound is adaptation's doing
         assert max(n - t for n, t in zip(plain_stats.nfe, ntp_stats.nfe)) > K
+
+
+# -----------------------------------------------------------------------------
+# the host-list path (greedy, whole blocks drafted in one forward) against the tensor path
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("B", [1, 4])
+def test_host_path_equals_tensor_path(family, B, monkeypatch):
+    """Greedy drafts of whole blocks (γ = ONE_FORWARD, or adaptive) keep each row's state in host
+    lists; tensor_state=True runs the general tensor path instead. Tokens and every count must be
+    the same, through accepts, rejections, stop tokens, the budget and adaptive rows' NTP loop."""
+
+    class TensorRows(exact.Rows):
+        def __init__(self, *args, tensor_state=False):
+            super().__init__(*args, tensor_state=True)
+
+    cases = []  # (model, prompts, stop); at batch 1 also drafts right but at one position
+    for seed in range(3):
+        m = random_model(family, seed)
+        cases.append((m, *prompts_and_stop(m, B, seed)))
+        if B == 1:
+            ntp, _ = tiny_models.ntp(m, cases[-1][1], 40, mask_id=mask_id_of(m))
+            script = cases[-1][1][0].tolist() + ntp[0] + [0] * 40
+            cases.append((ScriptedDrafts(m, script, wrong_at=9 + 6 * seed), *cases[-1][1:]))
+    accepted = rejected = 0
+    for m, prompts, stop in cases:
+        for k, adaptive, stop_ids, n in itertools.product((1, 4, 16), (False, True),
+                                                          ((), (stop,)), (7, 40)):
+            settings = DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=sampling.ONE_FORWARD,
+                                      stop_ids=stop_ids, exact=True, adaptive=adaptive)
+            assert exact.Rows(prompts, settings, n, m.config.vocab_size).on_host
+            host, host_stats = exact.exact_generate(m, prompts, settings, n)
+            with monkeypatch.context() as patch:
+                patch.setattr(exact, "Rows", TensorRows)
+                general, stats = exact.exact_generate(m, prompts, settings, n)
+            assert host == general, (k, adaptive, stop_ids, n)
+            for name in ("nfe", "tokens", "widths", "accepted", "rejected", "wasted_forwards",
+                         "final_checks"):
+                assert getattr(host_stats, name) == getattr(stats, name), (name, k, n)
+            accepted, rejected = accepted + sum(stats.accepted), rejected + sum(stats.rejected)
+    assert accepted > 0 and rejected > 0  # both branches of the check ran
