@@ -58,17 +58,18 @@ class RowCache(KVCache):
     def __init__(self, cache, batch_size):
         self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
         self.lengths = [0] * batch_size  # host ints: the decoder reads them every forward anyway
+        self.common = 0  # the rows' common length, None while they differ (kept, not recounted)
         self.index = None  # (B, 1, T, 1) slots of the new tokens, made once per forward
 
     @property
     def length(self):
         """The common length, while every row has the same (the prefill's default path)."""
-        if len(set(self.lengths)) != 1:
+        if self.common is None:
             raise ValueError("rows have different cache lengths: pass positions and a mask")
-        return self.lengths[0]
+        return self.common
 
     def extend(self, layer, k_new, v_new, n_commit):
-        if len(set(self.lengths)) == 1:
+        if self.common is not None:
             return super().extend(layer, k_new, v_new, n_commit)
         B, H, T, D = k_new.shape
         end = max(self.lengths) + T
@@ -84,11 +85,12 @@ class RowCache(KVCache):
 
     def commit(self, n):
         self.lengths = [length + n for length in self.lengths]
-        self.index = None
+        self.common, self.index = None if self.common is None else self.common + n, None
 
     def forget(self, row, n):
         """Row `row` drops its last n committed tokens (they become scratch)."""
         self.lengths[row] -= n
+        self.common = self.lengths[0] if len(set(self.lengths)) == 1 else None
 
 
 def slot_roles(i, n_prev, kb, P):
@@ -165,20 +167,20 @@ def accept_sampled(drafts, q, p, generator=None):
 def next_block_size(k, n_drafts, n_ok, patience, wait, K):
     """Adaptive block size of one row after a check of n_drafts drafts, n_ok of them kept.
 
-    Rule: every draft kept -> the block doubles (at most K); a draft rejected -> the block shrinks
-    to n_ok + 1, what survived plus NTP's token. So a row whose drafts keep failing decodes with
-    blocks of 1: plain NTP, one token fed per forward and nothing drafted (exact_generate's
-    ntp_step). Such a row tries k = 2 again after `patience` blocks; its patience doubles after each
-    failed try (up to MAX_PATIENCE) and resets once drafts survive, as dynamic draft lengths in
-    speculative decoding back off. Returns (k, patience, wait)."""
+    Rule: every draft kept -> the block doubles (at most K); some kept, then one rejected -> the
+    block stays (a forward of a few more slots costs little, and smaller blocks than trained on
+    draft worse); none kept -> blocks of 1: plain NTP, one token fed per forward and nothing
+    drafted (exact_generate's ntp_step). Such a row tries k = 2 again after `patience` blocks; its
+    patience quadruples after each failed try (up to MAX_PATIENCE) and resets once drafts survive,
+    as dynamic draft lengths in speculative decoding back off. Returns (k, patience, wait)."""
     if n_drafts == 0:  # nothing to judge by: a block of 1 waits for its next try
         wait = max(wait - 1, 0)
         return (min(2, K) if k == 1 and wait == 0 else k), patience, wait
     if n_ok == n_drafts:
         return min(2 * k, K), 1, 0
     if n_ok == 0:
-        return 1, min(2 * patience, MAX_PATIENCE), patience
-    return n_ok + 1, patience, 0
+        return 1, min(4 * patience, MAX_PATIENCE), patience
+    return k, patience, 0
 
 
 # -----------------------------------------------------------------------------

@@ -226,8 +226,10 @@ def test_block_size_rule_by_hand():
     K = 16
     assert exact.next_block_size(16, 15, 15, 1, 0, K) == (16, 1, 0)  # all kept: stays at K
     assert exact.next_block_size(4, 3, 3, 4, 0, K) == (8, 1, 0)  # all kept: 2x, patience resets
-    assert exact.next_block_size(16, 15, 6, 1, 0, K) == (7, 1, 0)  # shrinks to what survived + 1
-    assert exact.next_block_size(2, 1, 0, 2, 0, K) == (1, 4, 2)  # nothing survived: NTP, wait 2
+    assert exact.next_block_size(16, 15, 6, 1, 0, K) == (16, 1, 0)  # some survived: k stays
+    assert exact.next_block_size(8, 7, 1, 4, 0, K) == (8, 4, 0)
+    assert exact.next_block_size(2, 1, 0, 2, 0, K) == (1, 8, 2)  # nothing survived: NTP, wait 2
+    assert exact.next_block_size(16, 15, 0, 16, 0, K) == (1, 64, 16)  # patience: 4x, at most 64
     assert exact.next_block_size(1, 0, 0, 4, 2, K) == (1, 4, 1)  # waiting at k = 1
     assert exact.next_block_size(1, 0, 0, 4, 1, K) == (2, 4, 0)  # then tries 2 drafts' worth again
 
