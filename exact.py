@@ -188,8 +188,9 @@ def next_block_size(k, n_drafts, n_ok, patience, wait, K):
 
 
 class Rows:
-    """Each row's state between forwards: host lists, and tensors for the blocks being drafted.
-    Its methods are the decoder's steps: check what a forward committed, draft, finish blocks."""
+    """Each row's state between forwards: host lists, and tensors for the blocks being drafted
+    (none written when on_host). Its methods are the decoder's steps: check what a forward
+    committed, draft, finish blocks."""
 
     def __init__(self, prompt, settings, max_new_tokens, vocab_size, tensor_state=False):
         B, K, device = prompt.size(0), settings.k, prompt.device
@@ -258,7 +259,7 @@ class Rows:
         ok, targets = self.accept(pending[:, 1:], causal, generator)  # draft j: causal slot j
         n_drafts, P = [max(n - 1, 0) for n in n_prev], pending.size(1)
         both = torch.cat([ok, targets], dim=1).tolist()  # one transfer: (B, 2P - 1)
-        n_ok = [next((j for j in range(n) if not row[j]), n) for row, n in zip(both, n_drafts)]
+        n_ok = [leading_true(row[:n]) for row, n in zip(both, n_drafts)]
         return self.commit(cache, n_prev, n_ok, [row[P - 1:] for row in both])
 
     def commit(self, cache, n_prev, n_ok, targets):
@@ -361,8 +362,8 @@ class Rows:
         causal slots give NTP's tokens (the check), the block slots the drafts (the reveal)."""
         P = max(n_prev)
         tokens = suppress_mask(logits, self.settings.mask_id).argmax(-1).tolist()  # (B, P + W)
-        n_ok = [next((j for j, d in enumerate(p[1:]) if d != row[j]), len(p) - 1) if n else 0
-                for p, row, n in zip(self.pending, tokens, n_prev)]
+        n_ok = [leading_true([d == t for d, t in zip(p[1:], row)]) if n else 0
+                for p, row, n in zip(self.pending, tokens, n_prev)]  # draft j: causal slot j
         _, _, first = self.commit(cache, n_prev, n_ok, tokens)
         for b in (b for b in range(len(n_prev)) if first[b] and not self.done[b]):
             kb = self.kb[b]  # slot 0 is NTP's token, just emitted; slot i's draft is at P + i
@@ -379,6 +380,11 @@ class Rows:
         tokens = [self.block[b, :n].cpu().clone() for b, n in enumerate(kb)]
         shown = [shown[b, :n].cpu() for b, n in enumerate(kb)]
         return Step(list(self.block_start), tokens, shown, checks)
+
+
+def leading_true(flags):
+    """How many of a row's checks pass before the first that fails: its drafts kept."""
+    return next((j for j, ok in enumerate(flags) if not ok), len(flags))
 
 
 def wasted(revealed_by, n_ok):
