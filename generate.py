@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from sampling import next_token, reveal_step
 from sbd import hybrid_bias
@@ -220,13 +221,10 @@ def stop_reached(block, is_masked, stop):
 def reveal_first(block, is_masked, causal, settings, generator=None):
     """Slot 0 of a new block gets the token NTP decoding would emit there: the committed prefix's
     last causal logit predicts exactly that position, and the block's first forward computes it.
-    It costs none of the reveal rule's budget. Writes into `block` (and returns it) ->
-    (block, is_masked, revealed (B, kb))."""
-    revealed = torch.zeros_like(is_masked)
-    revealed[:, 0] = is_masked[:, 0]
+    It costs none of the reveal rule's budget. -> (new block, is_masked, revealed (B, kb) bool)"""
+    revealed = F.pad(is_masked[:, :1], (0, block.size(1) - 1))  # (B, kb): slot 0 where masked
     first = next_token(causal[:, -1], settings, generator)  # (B,)
-    block[:, 0] = torch.where(revealed[:, 0], first, block[:, 0])
-    return block, is_masked & ~revealed, revealed
+    return torch.where(revealed, first[:, None], block), is_masked & ~revealed, revealed
 
 
 def decode_block(model, cache, prev, kb, active, settings, stop, generator=None):
@@ -244,24 +242,20 @@ def decode_block(model, cache, prev, kb, active, settings, stop, generator=None)
     """
     B = prev.size(0)
     block = prev.new_full((B, kb), settings.mask_id)  # (B, kb)
-    is_masked = active[:, None].expand(B, kb).clone()  # rows already done take no part
+    is_masked = active[:, None].expand(B, kb)  # rows already done take no part
     finished, nfe, steps = torch.zeros_like(active), torch.zeros_like(prev[:, 0]), []
     while is_masked.any():
         causal, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, kb, V)
         nfe += is_masked.any(dim=1)
-        width = prev.size(1) + kb
-        revealed = torch.zeros_like(is_masked)
-        if prev.size(1):  # the first forward of the block: its causal logits give slot 0 exactly
-            if settings.first_from_ntp:
-                block, is_masked, revealed = reveal_first(block, is_masked, causal, settings,
-                                                          generator)
-            prev = prev[:, :0]  # committed: later forwards of this block feed the block alone
-        block, by_rule = reveal_step(logits, block, is_masked, settings, generator)
-        revealed |= by_rule
-        is_masked &= ~by_rule
-        finished |= stop_reached(block, is_masked, stop)
-        is_masked &= ~finished[:, None]
-        steps.append((block, revealed, width))
+        width, by_first = prev.size(1) + kb, None
+        if prev.size(1) and settings.first_from_ntp:  # slot 0 from the causal logits, exactly
+            block, is_masked, by_first = reveal_first(block, is_masked, causal, settings, generator)
+        prev = prev[:, :0]  # committed: later forwards of this block feed the block alone
+        block, revealed = reveal_step(logits, block, is_masked, settings, generator)
+        is_masked = is_masked & ~revealed
+        finished = finished | stop_reached(block, is_masked, stop)
+        is_masked = is_masked & ~finished[:, None]
+        steps.append((block, revealed if by_first is None else revealed | by_first, width))
     return block, finished, nfe, steps
 
 
