@@ -20,6 +20,7 @@ dense product here), so the block steps and exact SBD stay on the dense bf16 ste
 """
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +36,7 @@ from bench.fast_decode import (
     fast_prefill,
     greedy_steps,
 )
-from bench.measure import cpu_name, spread
+from bench.measure import cpu_name, measure_bandwidth, spread
 from configurator import ConfigError, configure, resolve_dtype
 from model import load_checkpoint
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
@@ -159,6 +160,26 @@ def run_reps(models, fast, step, prompt_ids, path, sbd, four_bit):
     return results
 
 
+def bandwidth_bound(fast, results):
+    """The memory roofline of the dense step: every weight is read once per forward, so a forward
+    takes at least (weight bytes) / (bandwidth of a copy that size), whatever its width; the
+    tokens per forward of each decoder turn that into a ceiling on its tokens/s."""
+    not_read = {id(b) for layer in fast.layers for b in (layer.k_cache, layer.v_cache)}
+    not_read.add(id(fast.embedding))  # a forward reads one row of it per token
+    nbytes = sum(b.nbytes for b in fast.buffers() if id(b) not in not_read)
+    seconds = nbytes / measure_bandwidth(nbytes)
+    per_forward = {"the fast NTP step": 1.0}
+    if not ckpt:
+        per_forward[f"exact SBD at {tokens_per_forward} tokens per forward"] = tokens_per_forward
+    for name in results:
+        if name.endswith("tok/forward"):
+            per_forward[name.replace(" tok/forward", "")] = statistics.median(results[name])
+    print(f"memory bound: {nbytes / 1e6:.0f} MB of weights per forward at "
+          f"{nbytes / seconds / 1e9:.1f} GB/s (a copy that size) = {1e3 * seconds:.1f} ms; at "
+          "most " + ", ".join(f"{n / seconds:.0f} tok/s for {name}"
+                              for name, n in per_forward.items()))
+
+
 def report(results):
     for name, values in results.items():
         print(f"{name:>36}: {spread(values, 2 if 'forward' in name else 1)}")
@@ -201,7 +222,9 @@ def main():
         seconds["1 (int4)"] = time.perf_counter() - t0
     print(f"{cpu_name()}, {threads} threads, {path}" + (f", SBD weights {ckpt}" if ckpt else ""))
     print("compile (first call) s: " + ", ".join(f"T={T}: {s:.0f}" for T, s in seconds.items()))
-    report(run_reps(models, fast, step, prompt_ids, path, sbd, four_bit))
+    results = run_reps(models, fast, step, prompt_ids, path, sbd, four_bit)
+    report(results)
+    bandwidth_bound(fast, results)
 
 
 if __name__ == "__main__":
