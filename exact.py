@@ -42,7 +42,7 @@ from generate import (
     stop_reached,
 )
 from model import KVCache
-from sampling import ONE_FORWARD, filter_logits, reveal_step, sample, suppress_mask
+from sampling import ONE_FORWARD, filter_logits, greedy, reveal_step, sample, suppress_mask
 from sbd import hybrid_mask
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
@@ -142,7 +142,7 @@ def accept_greedy(drafts, causal, mask_id):
 
     Draft j is kept iff it equals NTP's argmax after the slot before it; targets are NTP's tokens,
     the correction after the last kept draft and, if all are kept, the next block's first token."""
-    targets = suppress_mask(causal, mask_id).argmax(-1)  # (B, n + 1)
+    targets = greedy(suppress_mask(causal, mask_id))  # (B, n + 1)
     return drafts == targets[:, :-1], targets
 
 
@@ -361,7 +361,7 @@ class Rows:
         """settle for greedy drafts of whole blocks (on_host): one argmax and one transfer; the
         causal slots give NTP's tokens (the check), the block slots the drafts (the reveal)."""
         P = max(n_prev)
-        tokens = suppress_mask(logits, self.settings.mask_id).argmax(-1).tolist()  # (B, P + W)
+        tokens = greedy(suppress_mask(logits, self.settings.mask_id)).tolist()  # (B, P + W)
         n_ok = [leading_true([d == t for d, t in zip(p[1:], row)]) if n else 0
                 for p, row, n in zip(self.pending, tokens, n_prev)]  # draft j: causal slot j
         _, _, first = self.commit(cache, n_prev, n_ok, tokens)

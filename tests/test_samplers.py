@@ -231,6 +231,18 @@ def test_greedy_and_top_k():
         assert (drawn[..., None] == top3).any(-1).all(), "top_k=3 drew a token outside the top 3"
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_greedy_is_argmax_with_ties_to_the_lowest_id(dtype):
+    """greedy (max's indices) == argmax, by hand on ties and -inf, and on rows full of ties."""
+    row = torch.tensor([float("-inf"), 2.0, 5.0, 1.0, 5.0, 5.0, float("-inf")], dtype=dtype)
+    assert sampling.greedy(row).item() == 2
+    assert sampling.greedy(torch.full((3, 7), float("-inf"), dtype=dtype)).tolist() == [0] * 3
+    g = torch.Generator().manual_seed(0)
+    for V in (7, 256, 49152):  # small integers: many rows hold their maximum more than once
+        logits = torch.randint(0, 4, (3, 17, V), generator=g).to(dtype)
+        assert torch.equal(sampling.greedy(logits), logits.argmax(-1)), V
+
 def test_sampling_follows_the_generator():
     logits = torch.randn(2, 4, 30)
     a = sampling.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
