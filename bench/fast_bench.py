@@ -161,14 +161,15 @@ def run_reps(models, fast, step, prompt_ids, path, sbd, four_bit):
 
 
 def bandwidth_bound(fast, results):
-    """The memory roofline of the dense step: every weight is read once per forward, so a forward
-    takes at least (weight bytes) / (bandwidth of a copy that size), whatever its width; the
-    tokens per forward of each decoder turn that into a ceiling on its tokens/s."""
+    """The memory roofline of the dense step (the 4-bit one reads fewer bytes): every weight is
+    read once per forward, so a forward takes at least (weight bytes) / (bandwidth of a copy that
+    size), whatever its width; each decoder's tokens per forward turn that into a ceiling on its
+    tokens/s."""
     not_read = {id(b) for layer in fast.layers for b in (layer.k_cache, layer.v_cache)}
     not_read.add(id(fast.embedding))  # a forward reads one row of it per token
     nbytes = sum(b.nbytes for b in fast.buffers() if id(b) not in not_read)
     seconds = nbytes / measure_bandwidth(nbytes)
-    per_forward = {"the fast NTP step": 1.0}
+    per_forward = {"the dense NTP step": 1.0}
     if not ckpt:
         per_forward[f"exact SBD at {tokens_per_forward} tokens per forward"] = tokens_per_forward
     for name in results:
