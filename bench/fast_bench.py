@@ -17,6 +17,10 @@ prints 'median [min-max]' over reps. How to build llama-bench: bench/fast_decode
 Int4): the file's own Q4_1 weights, or an SBD fine-tune's rounded to that format as a GGUF export
 would. torch's 4-bit CPU kernel is made for one token at a time (at 17 it is slower than bf16's
 dense product here), so the block steps and exact SBD stay on the dense bf16 step.
+
+Last it prints the memory bound of the dense step (its weights' bytes over the bandwidth of a copy
+that size) and the tokens/s that caps each decoder at; --profile=True first prints the compiled
+steps' top ops (torch.profiler), to show how much of a step is its matrix products.
 """
 
 import json
@@ -57,6 +61,7 @@ prompt = "The capital of France is"
 ckpt = ""  # an SBD fine-tune of the GGUF's model (train.py's ckpt_sbd.pt): exact SBD end to end
 benchmark = "data/wordproblems/val.jsonl"  # --ckpt's problems: val, never test
 problems = 20  # val problems exact SBD decodes per rep
+profile = False  # also torch.profiler's top ops of the compiled NTP step and block steps
 # -----------------------------------------------------------------------------
 
 
@@ -160,6 +165,23 @@ def run_reps(models, fast, step, prompt_ids, path, sbd, four_bit):
     return results
 
 
+@torch.inference_mode()
+def profile_steps(fast, step, prompt_ids, n=10):
+    """Where a compiled step's time goes: torch.profiler's ops by self time over n steps of each
+    width (one token; k + 1 tokens, a block step), per step."""
+    for k in (0, *ks):
+        fast_prefill(fast, prompt_ids)
+        at = Positions(k + 1, 1, first=prompt_ids.size(1) - 1)
+        tokens = torch.zeros(1, k + 1, dtype=torch.long)
+        with torch.profiler.profile() as p:
+            for _ in range(n):
+                step(tokens, at.pos, at.start, at.end)
+        print(f"the compiled step of {k + 1} token(s), ms per step by op:")
+        ops = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)[:5]
+        print("    " + ", ".join(f"{e.key} {e.self_cpu_time_total / n / 1e3:.2f} ({e.count // n})"
+                                  for e in ops))
+
+
 def bandwidth_bound(fast, results):
     """The memory roofline of the dense step (the 4-bit one reads fewer bytes): every weight is
     read once per forward, so a forward takes at least (weight bytes) / (bandwidth of a copy that
@@ -223,6 +245,8 @@ def main():
         seconds["1 (int4)"] = time.perf_counter() - t0
     print(f"{cpu_name()}, {threads} threads, {path}" + (f", SBD weights {ckpt}" if ckpt else ""))
     print("compile (first call) s: " + ", ".join(f"T={T}: {s:.0f}" for T, s in seconds.items()))
+    if profile:
+        profile_steps(fast, step, prompt_ids)
     results = run_reps(models, fast, step, prompt_ids, path, sbd, four_bit)
     report(results)
     bandwidth_bound(fast, results)
