@@ -82,19 +82,27 @@ def fast_ntp(fast, step, prompt_ids, n):
     return n / (time.perf_counter() - t0)
 
 
-@torch.inference_mode()
-def block_step_time(fast, step, prompt_ids, k, n):
-    """Median seconds of n block steps of k + 1 tokens (the first committed), one slot further
-    each time, as exact SBD moves on after each forward."""
+def block_steps(fast, step, prompt_ids, k):
+    """After a prefill of prompt_ids, a function that runs one block step of k + 1 tokens (the
+    first committed), one slot further each call, as exact SBD moves on after each forward."""
     fast_prefill(fast, prompt_ids)
     at = Positions(k + 1, 1, first=prompt_ids.size(1) - 1)
     block = torch.zeros(1, k + 1, dtype=torch.long)  # the token ids do not change the time
-    times = []
+
+    def one():
+        step(block, at.pos, at.start, at.end)
+        at.advance()
+    return one
+
+
+@torch.inference_mode()
+def block_step_time(fast, step, prompt_ids, k, n):
+    """Median seconds of n block steps of k + 1 tokens (block_steps)."""
+    one, times = block_steps(fast, step, prompt_ids, k), []
     for _ in range(n):
         t0 = time.perf_counter()
-        step(block, at.pos, at.start, at.end)
+        one()
         times.append(time.perf_counter() - t0)
-        at.advance()
     return sorted(times)[n // 2]
 
 
@@ -170,12 +178,10 @@ def profile_steps(fast, step, prompt_ids, n=10):
     """Where a compiled step's time goes: torch.profiler's ops by self time over n steps of each
     width (one token; k + 1 tokens, a block step), per step."""
     for k in (0, *ks):
-        fast_prefill(fast, prompt_ids)
-        at = Positions(k + 1, 1, first=prompt_ids.size(1) - 1)
-        tokens = torch.zeros(1, k + 1, dtype=torch.long)
+        one = block_steps(fast, step, prompt_ids, k)
         with torch.profiler.profile() as p:
             for _ in range(n):
-                step(tokens, at.pos, at.start, at.end)
+                one()
         print(f"the compiled step of {k + 1} token(s), ms per step by op:")
         ops = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)[:5]
         print("    " + ", ".join(f"{e.key} {e.self_cpu_time_total / n / 1e3:.2f} ({e.count // n})"

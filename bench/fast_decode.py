@@ -38,7 +38,7 @@ from torch.nn import functional as F
 from configurator import ConfigError
 from exact import Rows
 from model import apply_rotary
-from sampling import suppress_mask
+from sampling import greedy, suppress_mask
 
 
 def laid_out(*weights, dtype):
@@ -239,12 +239,12 @@ def fast_prefill(fast, prompt):
 def greedy_steps(step, pending, at, n, mask_id=None):
     """n greedy next-token steps from pending (B, 1) at Positions at -> (B, n) new tokens."""
     out = torch.empty(pending.size(0), n, dtype=torch.long)  # (B, n)
-    # a copy made here, an inference tensor of argmax's strides as every later pending: a prompt's
+    # a copy made here, an inference tensor of greedy's strides as every later pending: a prompt's
     # slice (made outside inference_mode, strided) fails the compiled step's guards: a recompile
     pending = pending.reshape(-1).clone().view(-1, 1)  # (B, 1)
     for i in range(n):
         logits = step(pending, at.pos, at.start, at.end)  # (B, 1, V)
-        pending = suppress_mask(logits[:, -1], mask_id).argmax(dim=-1, keepdim=True)  # (B, 1)
+        pending = greedy(suppress_mask(logits[:, -1], mask_id))[:, None]  # (B, 1)
         out[:, i:i + 1] = pending
         at.advance()
     return out
