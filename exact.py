@@ -43,7 +43,7 @@ from generate import (
 )
 from model import KVCache
 from sampling import ONE_FORWARD, filter_logits, greedy, reveal_step, sample, suppress_mask
-from sbd import hybrid_mask
+from sbd import block_predictions, hybrid_mask, read_at
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 
@@ -352,7 +352,8 @@ class Rows:
         checks, rejected, first = self.check(cache, pending, logits[:, :P], n_prev, generator)
         drafting = [b in active and not self.done[b] and not rejected[b] and fed[b] > 0
                     for b in range(B)]
-        revealed = self.draft(logits[:, P:], drafting, generator)
+        block_logits = block_predictions(logits[:, P:], self.settings.token_shift)  # by position
+        revealed = self.draft(block_logits, drafting, generator)
         step = self.step_record(revealed, first, checks, rejected, active) if record else None
         self.finish_blocks([b for b in active if not self.done[b] and not rejected[b]])
         return step
@@ -365,9 +366,11 @@ class Rows:
         n_ok = [leading_true([d == t for d, t in zip(p[1:], row)]) if n else 0
                 for p, row, n in zip(self.pending, tokens, n_prev)]  # draft j: causal slot j
         _, _, first = self.commit(cache, n_prev, n_ok, tokens)
+        shift = self.settings.token_shift
         for b in (b for b in range(len(n_prev)) if first[b] and not self.done[b]):
-            kb = self.kb[b]  # slot 0 is NTP's token, just emitted; slot i's draft is at P + i
-            self.finish_block(b, self.out[b][-1:] + tokens[b][P + 1:P + kb], [0] * kb)
+            kb = self.kb[b]  # position 0 is NTP's token, just emitted; position i's draft is the
+            drafts = tokens[b][P + read_at(1, shift):P + read_at(kb, shift)]  # slot read_at(i)
+            self.finish_block(b, self.out[b][-1:] + drafts, [0] * kb)
 
     def step_record(self, revealed, first, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from sampling import next_token, reveal_step
-from sbd import hybrid_bias
+from sbd import block_predictions, hybrid_bias
 
 # -----------------------------------------------------------------------------
 # what a decode returns besides the tokens
@@ -246,6 +246,7 @@ def decode_block(model, cache, prev, kb, active, settings, stop, generator=None)
     finished, nfe, steps = torch.zeros_like(active), torch.zeros_like(prev[:, 0]), []
     while is_masked.any():
         causal, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, kb, V)
+        logits = block_predictions(logits, settings.token_shift)  # position i's, slot read_at(i)
         nfe += is_masked.any(dim=1)
         width, by_first = prev.size(1) + kb, None
         if prev.size(1) and settings.first_from_ntp:  # slot 0 from the causal logits, exactly

@@ -32,6 +32,7 @@ class DecodeSettings:
     exact: bool = False  # exact SBD (exact.py): drafts checked by NTP, the output is NTP's
     adaptive: bool = False  # exact SBD: block size follows accepted drafts, drafted in 1 forward
     first_from_ntp: bool = True  # a block's slot 0 from the causal logits (False: no NTP term)
+    token_shift: bool = False  # block slot j predicts position j + 1 (sbd.read_at), not j
     temperature: float = 0.0  # 0: argmax (the paper's setting); > 0: sample
     top_k: int | None = None  # sample among the top_k most likely tokens only
     top_p: float | None = None  # sample among the smallest set holding probability top_p
@@ -53,6 +54,9 @@ class DecodeSettings:
             raise ConfigError(f"top_k must be at least 1 (None: all tokens), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.token_shift and not self.first_from_ntp:
+            raise ConfigError("token_shift reads a block's first position from the causal logits, "
+                              "so it needs first_from_ntp (a model trained with the NTP term)")
         if self.exact and self.temperature > 0 and self.rule != "left":
             raise ConfigError("exact sampling (temperature > 0) needs drafts revealed left to "
                               "right: rule='left' (docs/method.md, Exact sampling)")
@@ -312,9 +316,11 @@ def settings_for(checkpoint, calibration=None, k=None, gamma=None, exact=False, 
                else "the checkpoint has no calibration.json (evaluate.py writes it)")
         raise ConfigError(f"plain SBD at k={k} needs a γ, and {why}: pass one (--gamma=0.01), "
                          "another k, or use the exact mode (--exact=True)")
-    first_from_ntp = (checkpoint.get("config") or {}).get("ntp_weight", 1.0) > 0
+    config = checkpoint.get("config") or {}  # what the checkpoint was trained with
+    first_from_ntp = config.get("ntp_weight", 1.0) > 0
+    token_shift = bool(config.get("token_shift", False))  # absent: a checkpoint of the paper's rule
     if exact and overrides.get("temperature", 0) > 0:
         overrides.setdefault("rule", "left")  # exact sampling needs left-to-right drafts
     return DecodeSettings(mask_id=checkpoint["mask_id"], stop_ids=tuple(checkpoint["stop_ids"]),
                           k=k, gamma=gamma, exact=exact, first_from_ntp=first_from_ntp,
-                          **overrides)
+                          token_shift=token_shift, **overrides)

@@ -2,10 +2,13 @@
 Set Block Decoding (Gat et al., arXiv:2509.04185): what the method adds to a transformer for
 training.
 
-One forward over [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}], position ids reused for the noisy copy.
-The clean half is ordinary next-token prediction (NTP); the noisy half learns to fill the masked
-tokens of a block of k from the clean tokens before the block and the block's unmasked tokens. One
+One forward over [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}], position ids reused for the noisy copy
+(two noisy copies with complementary masks: [clean ; noisy m ; noisy not-m]; slot_layout). The
+clean half is ordinary next-token prediction (NTP); the noisy half learns to fill the masked tokens
+of a block of k from the clean tokens before the block and the block's unmasked tokens. One
 cross-entropy over both halves is the loss (the paper's Eq. 14; docs/method.md, Training).
+Which block slot predicts which block position is one rule, read_at, that training labels and every
+decoder share: the paper's (a slot predicts its own token) or token shift (the next one).
 Decoding with the trained model lives in generate.py (NTP and SBD) and exact.py (exact SBD).
 
 Index convention: 0-based throughout; the paper's x_1..x_L is x[0]..x[L-1] here.
@@ -16,6 +19,63 @@ import torch
 from torch.nn import functional as F
 
 from model import IGNORE_INDEX, attention_bias, block_mask, causal_mask
+
+# -----------------------------------------------------------------------------
+# the alignment: which block slot predicts which block position (decoding reads it, training
+# labels its twin)
+
+
+def read_at(j, token_shift):
+    """Block slot whose logits predict block position j (j = 0..k-1 within the block).
+
+    The paper: slot j predicts the token AT its position. Token shift (Fast-dLLM v2, Dream): slot
+    j - 1 predicts position j, the NEXT token, as every slot of the pretrained causal model does,
+    so the masked-token head starts from the next-token head. Slot -1 is the slot before the block:
+    position 0 is then read from the committed prefix's last causal logits (as decoders with the
+    NTP term already do), and the block's last slot predicts nothing inside its block.
+    """
+    return j - int(token_shift)
+
+
+def predicted_by(i, token_shift):
+    """read_at's twin for training labels: the block position that slot i's logits predict."""
+    return i + int(token_shift)
+
+
+def block_predictions(block_logits, token_shift):
+    """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1, by read_at.
+
+    Under token shift position 0 is predicted before the block (read_at gives -1): its row here
+    repeats slot 0's and is never read, since decoders reveal position 0 from the causal logits
+    before any reveal rule runs (DecodeSettings refuses token_shift without first_from_ntp).
+    """
+    if not token_shift:
+        return block_logits
+    slots = read_at(torch.arange(block_logits.size(1), device=block_logits.device), True)
+    return block_logits[:, slots.clamp(min=0)]  # (B, W, V)
+
+
+# -----------------------------------------------------------------------------
+# the training sequence: [clean 0..L-1 ; noisy copy 1 of s..L-1 ; noisy copy 2 ...]
+
+
+def slot_layout(slot, L, noisy_start=0):
+    """(copy, position) of a slot of the training sequence: copy 0 is the clean half (slots
+    0..L-1, positions 0..L-1), copy c >= 1 the c-th noisy copy of positions s..L-1 (s =
+    noisy_start), slots L + (c-1)(L-s) onwards. Every noisy copy reuses the positions it stands
+    for. The one definition of the layout: the mask, positions and labels all go through it."""
+    n = max(L - noisy_start, 1)  # slots per noisy copy
+    noisy = slot >= L
+    copy = torch.where(noisy, 1 + torch.div(slot - L, n, rounding_mode="floor"), 0)
+    position = torch.where(noisy, noisy_start + (slot - L) % n, slot)
+    return copy, position
+
+
+def sequence_positions(L, noisy_start=0, copies=1, device=None):
+    """(T,) position ids of the training sequence, T = L + copies (L - noisy_start)."""
+    T = L + copies * (L - noisy_start)
+    return slot_layout(torch.arange(T, device=device), L, noisy_start)[1]
+
 
 # -----------------------------------------------------------------------------
 # attention masks: pure functions of (query slot, key slot)
@@ -32,27 +92,29 @@ def block_id(i, k, phase):
 def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
     """Attention mask of the training sequence [clean 0..L-1 ; noisy L..] (True = may attend).
 
-    Noisy slot L + j is the noisy copy of position noisy_start + j (see first_noisy_position).
-    With b(i) the block of noisy position i and s(i) the first position of its block:
-      clean query i -> clean key j     iff j <= i          (causal, plain NTP)
-      noisy query i -> clean key j     iff j < s(i)        (the clean prefix before its block)
-      noisy query i -> noisy key j     iff b(j) == b(i)    (bidirectional inside its own block)
-      clean query   -> noisy key       never               (NTP must not see the noisy half)
-    The k=4 example, L=8, phase 0 (c = clean, n = noisy, 1 = may attend):
+    Slots are laid out by slot_layout: noisy slot L + j is the noisy copy of position
+    noisy_start + j (see first_noisy_position), and with complementary masks a second copy
+    follows the first. With b(i) the block of noisy position i and s(i) its first position:
+      clean query i -> clean key j     iff j <= i                        (causal, plain NTP)
+      noisy query i -> clean key j     iff j < s(i)                      (the prefix before its block)
+      noisy query i -> noisy key j     iff same copy and b(j) == b(i)    (bidirectional in its block)
+      clean query   -> noisy key       never                             (NTP must not see noise)
+    No noisy copy sees another. The k=4 example, L=8, phase 0 (c = clean, n = noisy, 1 = may
+    attend):
                  c0 c1 c2 c3 c4 c5 c6 c7 | n0 n1 n2 n3 n4 n5 n6 n7
         c0..c7   lower triangle          | 0
         n0..n3   0  0  0  0  0  0  0  0  | 1  1  1  1  0  0  0  0
         n4..n7   1  1  1  1  0  0  0  0  | 0  0  0  0  1  1  1  1
     """
-    q_noisy, kv_noisy = q >= L, kv >= L
-    qi = q - (L - noisy_start) * q_noisy  # positions in the sequence
-    ki = kv - (L - noisy_start) * kv_noisy
+    q_copy, qi = slot_layout(q, L, noisy_start)  # which copy, which position in the sequence
+    kv_copy, ki = slot_layout(kv, L, noisy_start)
+    q_noisy, kv_noisy = q_copy > 0, kv_copy > 0
     q_block = block_id(qi, k, phase)
     block_start = q_block * k + phase
     clean_clean = ~q_noisy & ~kv_noisy & (ki <= qi)
     noisy_clean = q_noisy & ~kv_noisy & (ki < block_start)
-    noisy_noisy = q_noisy & kv_noisy & (block_id(ki, k, phase) == q_block)
-    return clean_clean | noisy_clean | noisy_noisy
+    same_block = (kv_copy == q_copy) & (block_id(ki, k, phase) == q_block)
+    return clean_clean | noisy_clean | q_noisy & same_block
 
 
 def hybrid_mask(q, kv, block_start):
@@ -87,23 +149,23 @@ def hybrid_bias(n_cached, T, n_commit, dtype, device):
     return BIASES[key][:, -(n_cached + T):]
 
 
-def training_mask(L, k, phases, device=None, noisy_start=0):
+def training_mask(L, k, phases, device=None, noisy_start=0, copies=1):
     """Dense (B, T, T) training masks, one per row's block phase (phases: (B,) long);
-    T = 2L - noisy_start."""
-    T = 2 * L - noisy_start
+    T = L + copies (L - noisy_start)."""
+    T = L + copies * (L - noisy_start)
     q = torch.arange(T, device=device)[:, None]  # (T, 1)
     kv = torch.arange(T, device=device)[None, :]  # (1, T)
     phases = phases.to(device)[:, None, None]  # (B, 1, 1)
     return sbd_training_mask(q[None], kv[None], L, k, phases, noisy_start)  # (B, T, T)
 
 
-def training_block_mask(L, k, phases, noisy_start=0):
+def training_block_mask(L, k, phases, noisy_start=0, copies=1):
     """training_mask as a flex_attention BlockMask: the same pure function, tile by tile (GPU).
 
     k goes in as a tensor: compiled flex_attention specialises on Python ints in the mask function
     and would recompile for every block size drawn, while a tensor's value is free to change.
     """
-    T = 2 * L - noisy_start
+    T = L + copies * (L - noisy_start)
     k = torch.tensor(k, device=phases.device)
 
     def mask_fn(b, q, kv):
@@ -147,30 +209,59 @@ def first_noisy_position(maskable, k, phases):
     return max(int(block_starts.min()), 0)
 
 
+def noisy_labels(x, is_masked, k, phases, token_shift=False):
+    """(B, L) labels of a noisy copy, by the position each slot stands for (IGNORE_INDEX: none).
+
+    The paper: slot i -> x[i] if position i is masked. Token shift: slot i -> x[i + 1] if position
+    i + 1 is masked and in i's block (predicted_by); a block's first position is still masked as an
+    input, but no slot of its block predicts it (decoding reads it from the causal logits).
+    """
+    B, L = x.shape
+    i = torch.arange(L, device=x.device)[None]  # (1, L)
+    target = predicted_by(i, token_shift)  # (1, L): the position slot i predicts
+    phases = phases[:, None]  # (B, 1)
+    inside = (target < L) & (block_id(target, k, phases) == block_id(i, k, phases))  # (B, L)
+    target = target.clamp(max=L - 1).expand(B, L)
+    labelled = inside & is_masked.gather(1, target)
+    return torch.where(labelled, x.gather(1, target), IGNORE_INDEX)
+
+
 def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=False,
-               noisy_start=None):
+               noisy_start=None, token_shift=False, complementary=False):
     """The SBD training forward's tokens, positions, mask and labels for clean x (B, L) with NTP
     targets y (B, L).
 
     The forward is [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}]: T = 2L - s tokens, where
     s = noisy_start, by default first_noisy_position (0 without maskable: the paper's 2L).
-    Positions: [0..L-1, s..L-1], the noisy copy reuses the positions it stands for.
-    Mask: training_mask(L, k, phases, noisy_start=s), one (T, T) matrix per row.
-    Labels: clean slot i -> y[i] (the next token); noisy slot of position i -> x[i] if masked,
-    else IGNORE_INDEX.
+    complementary: two noisy copies, masked by m and by its complement over the maskable tokens
+    (Fast-dLLM v2), so that every maskable token is a masked input in one of them: T = 3L - 2s.
+    Positions: [0..L-1, s..L-1 (, s..L-1)], a noisy copy reuses the positions it stands for.
+    Mask: training_mask(L, k, phases, noisy_start=s, copies), one (T, T) matrix per row.
+    Labels: clean slot i -> y[i] (the next token); noisy slots by noisy_labels (token_shift: the
+    paper's rule, or the next-token alignment).
     Returns idx (B, T), pos (T,), mask (B, T, T) (a BlockMask of it if flex), labels (B, T).
     """
-    B, L = x.shape
-    noisy, is_masked = add_noise(x, mask_id, maskable, generator)
+    _, is_masked = add_noise(x, mask_id, maskable, generator)
+    masks = [is_masked]
+    if complementary:  # the complement: what m kept, masked now; the prompt stays clean in both
+        masks.append(~is_masked if maskable is None else maskable & ~is_masked)
     s = first_noisy_position(maskable, k, phases) if noisy_start is None else noisy_start
-    idx = torch.cat([x, noisy[:, s:]], dim=1)  # (B, T)
-    pos = torch.cat([torch.arange(L), torch.arange(s, L)]).to(x.device)  # (T,)
-    noisy_labels = torch.where(is_masked, x, torch.full_like(x, IGNORE_INDEX))  # (B, L)
-    labels = torch.cat([y, noisy_labels[:, s:]], dim=1)  # (B, T)
+    return sbd_layout(x, y, mask_id, masks, k, phases, s, token_shift, flex)
+
+
+def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, flex=False):
+    """sbd_inputs for given noise: one noisy copy of x (B, L) per (B, L) bool mask in masks (its
+    masked tokens replaced by mask_id), laid out by slot_layout -> idx, pos, mask, labels."""
+    s, L = noisy_start, x.size(1)
+    noisy = [torch.where(masked, mask_id, x)[:, s:] for masked in masks]
+    idx = torch.cat([x, *noisy], dim=1)  # (B, T)
+    pos = sequence_positions(L, s, len(masks), x.device)  # (T,)
+    labels = torch.cat([y] + [noisy_labels(x, masked, k, phases, token_shift)[:, s:]
+                              for masked in masks], dim=1)  # (B, T)
     if flex:
-        mask = training_block_mask(L, k, phases, s)
+        mask = training_block_mask(L, k, phases, s, len(masks))
     else:
-        mask = training_mask(L, k, phases, x.device, s)
+        mask = training_mask(L, k, phases, x.device, s, len(masks))
     return idx, pos, mask, labels
 
 
@@ -178,7 +269,8 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     """Eq. 14: cross-entropy over all labelled slots, NTP (clean half) and masked tokens (noisy
     half).
 
-    logits (B, T, V) and labels (B, T) of sbd_inputs; the clean half is the first L slots. Logits
+    logits (B, T, V) and labels (B, T) of sbd_inputs; the clean half is the first L slots, every
+    noisy copy after it counts as the noisy half. Logits
     (N, V) are those of the labelled slots only, row by row (model(..., at=labels != IGNORE_INDEX)):
     the same loss without the head's work on unlabelled slots.
     The loss is a weighted mean: sum(w * nll) / sum(w) over labelled slots, w = ntp_weight on the
@@ -207,8 +299,9 @@ def causal_pairs(labels, L, k, phases):
     position i whose left neighbours in its block are all clean sees what the causal head sees at
     slot i - 1 (the whole prefix), so p(x_i | x_<i) from that slot is a soft target for it.
 
-    labels (B, T) of sbd_inputs (a noisy slot is labelled iff masked), phases (B,) as there.
-    Only pairs whose clean slot is labelled too (its logits exist under head_at_labels).
+    labels (B, T) of sbd_inputs with one noisy copy and the paper's alignment (a noisy slot is
+    labelled iff masked), phases (B,) as there. Only pairs whose clean slot is labelled too (its
+    logits exist under head_at_labels).
     """
     B, T = labels.shape
     s = 2 * L - T  # the noisy half covers positions s..L-1

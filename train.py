@@ -75,6 +75,8 @@ sbd_lr = 2e-3
 k_min = 8  # block size k ~ U{k_min..k_max} once per step (the paper: U{2..16}); it must cover
 k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findings.md, Block sizes)
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
+token_shift = False  # noisy slot i predicts token i + 1, the pretrained alignment (sbd.read_at)
+complementary_masks = False  # two noisy copies per row, masks m and not-m (sbd.sbd_inputs)
 kl_weight = 0.0  # weight of a KL term to the causal head's distribution (sbd.causal_kl); 0 = off
 sbd_responses = ""  # a .jsonl of other responses stage 2 learns (its own: report/distill.py)
 loss_on_answer_only = True  # both losses and the noise on the completion only, as in SFT
@@ -131,6 +133,18 @@ if block_phase not in ("answer", "random", "zero"):
     raise ConfigError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
 if min(ntp_weight, kl_weight, ntp_iters, sbd_iters) < 0:
     raise ConfigError("ntp_weight, kl_weight, ntp_iters and sbd_iters must be >= 0")
+if (token_shift or complementary_masks) and sbd_iters == 0:
+    raise ConfigError("token_shift and complementary_masks set how SBD trains: "
+                      "they need sbd_iters > 0")
+if token_shift and k_min < 2:
+    raise ConfigError(f"token_shift labels slot i with token i + 1 of its own block: a block of "
+                      f"k_min={k_min} has no such pair; use k_min >= 2")
+if token_shift and ntp_weight == 0:
+    raise ConfigError("token_shift reads each block's first token from the causal head, which "
+                      "ntp_weight=0 stops training; keep the NTP term")
+if kl_weight and (token_shift or complementary_masks):
+    raise ConfigError("kl_weight pairs slots by the paper's alignment and one noisy copy: "
+                      "unset token_shift and complementary_masks, or kl_weight")
 
 # distributed setup: under torchrun each process trains on its own batches, gradients averaged
 ddp = int(os.environ.get("RANK", -1)) != -1
@@ -214,7 +228,7 @@ def block_phases(answer, k, generator):
     return torch.zeros(len(answer), dtype=torch.long, device=answer.device)
 
 
-def forward_loss(model, stage, x, y, answer, k, generator):
+def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
     """-> (loss to optimise, NTP loss, masked-token loss or None) for one batch."""
     if stage == "ntp":
         at = y != IGNORE_INDEX if head_at_labels else None  # (B, L) or all slots
@@ -223,7 +237,8 @@ def forward_loss(model, stage, x, y, answer, k, generator):
     maskable = answer if loss_on_answer_only else None
     phases = block_phases(answer, k, generator).to(device)
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, phases, maskable, generator,
-                                            flex=attention == "flex")  # (B, T), mask (B, T, T)
+                                            flex=attention == "flex", token_shift=token_shift,
+                                            complementary=complementary)  # mask (B, T, T)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
     logits, _ = model(idx, pos=pos, mask=mask, at=at)  # (B, T, V) or (N, V), T = 2L - noisy prompt
     loss, ntp, masked = sbd.sbd_loss(logits, labels, x.size(1), ntp_weight)  # clean: x.size(1)
@@ -322,7 +337,8 @@ def lr_at(it):
 @torch.no_grad()
 def log_estimate():
     """Mean NTP loss and masked-token loss (k = 8) per split, on the same batches every time:
-    printed and appended to out_dir/eval.jsonl (log.jsonl has the steps)."""
+    printed and appended to out_dir/eval.jsonl (log.jsonl has the steps). One noisy copy per
+    row, whatever complementary_masks says: runs with and without it estimate the same thing."""
     model.eval()
     out = {}
     for split in ("train", "val"):
@@ -409,8 +425,8 @@ while iter_num < total_iters:
         if ddp and not fsdp:  # synchronise gradients on the last micro-step only
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         with autocast:
-            loss, ntp_loss, masked_loss = forward_loss(model, stage,
-                                                       *get_batch(split, rng, rows), k, rng)
+            loss, ntp_loss, masked_loss = forward_loss(model, stage, *get_batch(split, rng, rows),
+                                                       k, rng, complementary_masks)
         scaler.scale(loss / gradient_accumulation_steps).backward()
     if grad_clip > 0:
         scaler.unscale_(optimizer)
@@ -422,7 +438,8 @@ while iter_num < total_iters:
     if iter_num % log_interval == 0 and master:
         dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
         t0 = time.time()
-        tokens = rows * gradient_accumulation_steps * world_size * L * (1 if stage == "ntp" else 2)
+        copies = 0 if stage == "ntp" else 1 + complementary_masks  # noisy copies per row
+        tokens = rows * gradient_accumulation_steps * world_size * L * (1 + copies)
         masked_text = f", masked-token {masked_loss.item():.4f} (k={k})" if stage == "sbd" else ""
         # the configs' memory estimates are checked against this peak
         memory = (f", peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB"

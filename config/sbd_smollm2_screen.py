@@ -1,0 +1,16 @@
+# A lever screen on SmolLM2: laid over config/sbd_smollm2.py, one SBD fine-tune of the pretrained
+# model for 200 steps (no NTP stage, no report), read out by report/screen.py in minutes. Arms
+# differ by one setting and share the seed, so their batches, block sizes and masks are the same:
+#
+#   python train.py config/sbd_smollm2.py config/sbd_smollm2_screen.py --out_dir=out-screen-paper
+#   python train.py config/sbd_smollm2.py config/sbd_smollm2_screen.py --out_dir=out-screen-shift \
+#       --token_shift=True
+#   python -m report.screen --a=out-screen-paper --b=out-screen-shift
+#
+# About 15 minutes of steps on a 2-core CPU with bf16.
+out_dir = "out-sbd-smollm2-screen"
+ntp_iters = 0
+sbd_iters = 200
+eval_interval = 100
+eval_iters = 4
+report = False

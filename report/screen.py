@@ -1,0 +1,174 @@
+"""
+A lever screen in minutes: how well an SBD checkpoint's masked-token head drafts, read on val
+answers with every answer token masked, one forward per block (docs/findings.md, "Screening").
+
+    python -m report.screen --a=out-screen-paper                       # one checkpoint
+    python -m report.screen --a=out-screen-paper --b=out-screen-shift  # two, paired
+
+Each val row is the SBD training forward with every answer token masked (sbd.sbd_layout), blocks
+of k starting at the answer as decoding's do. A noisy block there sees the clean tokens before it
+and its own k masks: exactly what decoding's first forward of that block sees when every earlier
+token is right. Block position 0 is read from the causal logits before the block (as decoders
+read it), position j >= 1 from the block slot sbd.read_at gives for the checkpoint's alignment.
+Per checkpoint it prints:
+- accuracy by block position (the argmax equals the answer token);
+- the mean leading run of correct tokens per block: what exact SBD keeps of a block drafted in
+  one forward, when the model's NTP decoding writes the answer;
+- teacher-forced NTP accuracy (the causal head on the same answers).
+With two checkpoints (trained on the same data, read with the same k), the paired difference of
+leading runs over the same blocks, with its standard error, and the blocks better and worse.
+"""
+
+import json
+import math
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+import sbd
+from configurator import configure, pick_device, require, resolve_dtype
+from model import IGNORE_INDEX, load_checkpoint
+from pretrained.loading import tokenizer_of
+from sampling import greedy, suppress_mask
+from tasks import task_of_checkpoint
+
+OPTIONS = dict(
+    a="",  # train.py's out_dir (its ckpt_sbd.pt) or a checkpoint file
+    b="",  # optional: a second one, read on the same blocks and paired against a
+    problems=256,  # val rows read
+    k=8,  # block size of the read-out
+    batch_size=8,
+    dtype="auto",  # bf16 autocast where the CPU computes it natively
+    device="",
+)
+
+
+def checkpoint_path(where):
+    return os.path.join(where, "ckpt_sbd.pt") if os.path.isdir(where) else where
+
+
+def read_slots(answer, k, token_shift, L, s):
+    """(B, L) long: for each answer position p, the slot of the read-out forward whose logits
+    predict it (-1 elsewhere), and phases (B,). Block position 0 is the clean slot p - 1 (causal
+    logits); position j >= 1 the noisy slot of the block's position read_at(j)."""
+    B = answer.size(0)
+    phases = answer.int().argmax(dim=1) % k  # (B,) blocks start at the answer
+    p = torch.arange(L)[None].expand(B, L)  # (B, L)
+    j = (p - phases[:, None]) % k  # block position
+    noisy_slot = L + (p - j + sbd.read_at(j, token_shift)) - s  # slot of position start + read_at
+    slots = torch.where(j == 0, p - 1, noisy_slot)
+    return torch.where(answer & (p > 0), slots, -1), phases
+
+
+@torch.no_grad()
+def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
+    """-> correct (N, L) bool at answer positions (masked head as decoding reads it), ntp_correct
+    (N, L) bool (causal head), is_read (N, L) bool, phases (N,)."""
+    token_shift = bool(checkpoint["config"].get("token_shift", False))
+    mask_id, L = checkpoint["mask_id"], x.size(1)
+    out = {name: [] for name in ("correct", "ntp_correct", "is_read", "phases")}
+    device = next(model.parameters()).device
+    for i in range(0, len(x), batch_size):
+        xb, ab = x[i:i + batch_size].to(device), answer[i:i + batch_size].to(device)
+        phases = ab.int().argmax(dim=1) % k
+        s = sbd.first_noisy_position(ab, k, phases)
+        idx, pos, mask, _ = sbd.sbd_layout(xb, xb, mask_id, [ab], k, phases, s, token_shift)
+        slots, _ = read_slots(ab.cpu(), k, token_shift, L, s)
+        slots = slots.to(device)
+        is_read = slots >= 0  # (B, L)
+        causal = torch.where(is_read, torch.arange(L, device=device) - 1, -1)  # NTP's slot p - 1
+        at = torch.zeros(idx.shape, dtype=torch.bool, device=device)  # (B, T): slots to read
+        rows = torch.arange(len(xb), device=device)[:, None].expand_as(slots)
+        at[rows[is_read], slots[is_read]] = True
+        at[rows[is_read], causal[is_read]] = True
+        with autocast:
+            logits, _ = model(idx, pos=pos, mask=mask, at=at)  # (N, V) at the slots read
+        row_of = (at.flatten().cumsum(0) - 1).view(at.shape)  # slot -> its row of logits
+        tokens = greedy(suppress_mask(logits.float(), mask_id))  # (N,)
+        pick = lambda slot: tokens[row_of.gather(1, slot.clamp(min=0))]  # (B, L)
+        out["correct"].append((pick(slots) == xb) & is_read)
+        out["ntp_correct"].append((pick(causal) == xb) & is_read)
+        out["is_read"].append(is_read)
+        out["phases"].append(phases)
+    return {name: torch.cat(v).cpu() for name, v in out.items()}
+
+
+def block_stats(r, k):
+    """Per block of every row: its leading run of correct tokens, and accuracy by position."""
+    runs, hits, counts = [], torch.zeros(k), torch.zeros(k)
+    for correct, is_read, phase in zip(r["correct"], r["is_read"], r["phases"].tolist()):
+        read = is_read.nonzero()[:, 0].tolist()
+        if not read:
+            continue
+        first = read[0]  # the answer's first position: a block start
+        for start in range(first, read[-1] + 1, k):
+            block = [p for p in range(start, start + k) if p in set(read)]
+            flags = [bool(correct[p]) for p in block]
+            runs.append(next((n for n, ok in enumerate(flags) if not ok), len(flags)))
+            for j, ok in enumerate(flags):
+                hits[j] += ok
+                counts[j] += 1
+    return runs, (hits / counts.clamp(min=1)).tolist()
+
+
+def summarize(name, r, k):
+    runs, by_position = block_stats(r, k)
+    ntp = r["ntp_correct"].sum().item() / max(r["is_read"].sum().item(), 1)
+    masked = sum(by_position[1:]) / max(k - 1, 1)
+    print(f"{name}: {len(runs)} blocks of k={k}, leading correct run {mean(runs):.3f}, "
+          f"masked accuracy at positions 1-{k - 1} {masked:.3f}, teacher-forced NTP {ntp:.3f}")
+    print("  accuracy by block position: " + " ".join(f"{a:.2f}" for a in by_position))
+    return dict(blocks=len(runs), leading_run=mean(runs), by_position=by_position,
+                masked_accuracy=masked, ntp_accuracy=ntp), runs
+
+
+def mean(values):
+    return sum(values) / max(len(values), 1)
+
+
+def paired(runs_a, runs_b):
+    """Mean of b - a over the same blocks, its standard error, and blocks better and worse."""
+    diffs = [b - a for a, b in zip(runs_a, runs_b)]
+    m = mean(diffs)
+    var = sum((d - m) ** 2 for d in diffs) / max(len(diffs) - 1, 1)
+    return dict(diff=m, se=math.sqrt(var / max(len(diffs), 1)),
+                better=sum(d > 0 for d in diffs), worse=sum(d < 0 for d in diffs))
+
+
+def main(argv):
+    o = configure(dict(OPTIONS), argv, "report.screen")
+    require(o["a"], "--a: train.py's out_dir or a checkpoint to read out")
+    device = pick_device(o["device"])
+    dtype = resolve_dtype(o["dtype"], device)
+    autocast = (torch.autocast(device.split(":")[0], torch.bfloat16) if dtype == "bfloat16"
+                else nullcontext())
+    results, runs, data = {}, {}, None
+    for name in ("a", "b"):
+        if not o[name]:
+            continue
+        path = checkpoint_path(o[name])
+        model, checkpoint = load_checkpoint(path, device)
+        tokenizer = tokenizer_of(checkpoint["tokenizer"]) if checkpoint["tokenizer"] else None
+        task = task_of_checkpoint(checkpoint, path, tokenizer)
+        x, _, answer = task.training_tensors("val", True)
+        if data is not None and not torch.equal(x[:o["problems"]], data):
+            raise SystemExit("--a and --b were trained on different data: nothing to pair")
+        data = x[:o["problems"]]
+        r = read_out(model, checkpoint, data, answer[:o["problems"]], o["k"], autocast,
+                     o["batch_size"])
+        results[name], runs[name] = summarize(f"{name} = {path}", r, o["k"])
+        results[name]["checkpoint"] = path
+        del model
+    if "b" in runs:
+        d = paired(runs["a"], runs["b"])
+        results["paired"] = d
+        print(f"b - a, leading correct run: {d['diff']:+.3f} ± {d['se']:.3f} (SE) over "
+              f"{len(runs['a'])} blocks; b better on {d['better']}, worse on {d['worse']}")
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
