@@ -305,6 +305,20 @@ def test_main_command_end_to_end(tmp_path):
         assert set(json.load(f)["k"]) == {"8", "16"}
 
 
+def test_shifted_complementary_run_end_to_end(tmp_path):
+    """token_shift and complementary_masks train, are recorded in the checkpoint, and the report
+    decodes with them: its exact rows are still the SBD model's NTP decoding, problem for problem."""
+    out = str(tmp_path)
+    run = train(f"--out_dir={out}", "--ntp_iters=20", "--sbd_iters=20", *TINY, "--log_interval=5",
+                "--eval_interval=20", "--report_problems=10", "--token_shift=True",
+                "--complementary_masks=True")
+    assert run.returncode == 0, run.stderr[-3000:]
+    _, checkpoint = model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
+    assert checkpoint["config"]["token_shift"] and checkpoint["config"]["complementary_masks"]
+    assert "completions identical to the SBD model's NTP decoding on every test problem" in (
+        run.stdout)
+
+
 def test_block_sizes_are_drawn_from_k_min_to_k_max(tmp_path):
     """SBD steps draw k in {k_min..k_max}, every value can come up; NTP steps draw one too (unused),
     and the NTP stage's batches do not depend on the k range, so SBD-stage experiments can share one
