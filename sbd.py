@@ -95,10 +95,10 @@ def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
     Slots are laid out by slot_layout: noisy slot L + j is the noisy copy of position
     noisy_start + j (see first_noisy_position), and with complementary masks a second copy
     follows the first. With b(i) the block of noisy position i and s(i) its first position:
-      clean query i -> clean key j     iff j <= i                        (causal, plain NTP)
-      noisy query i -> clean key j     iff j < s(i)                      (the prefix before its block)
-      noisy query i -> noisy key j     iff same copy and b(j) == b(i)    (bidirectional in its block)
-      clean query   -> noisy key       never                             (NTP must not see noise)
+      clean query i -> clean key j   iff j <= i                       (causal, plain NTP)
+      noisy query i -> clean key j   iff j < s(i)                     (the prefix before its block)
+      noisy query i -> noisy key j   iff same copy and b(j) == b(i)   (bidirectional in its block)
+      clean query   -> noisy key     never                            (NTP must not see noise)
     No noisy copy sees another. The k=4 example, L=8, phase 0 (c = clean, n = noisy, 1 = may
     attend):
                  c0 c1 c2 c3 c4 c5 c6 c7 | n0 n1 n2 n3 n4 n5 n6 n7

@@ -29,7 +29,7 @@ import torch
 
 import sbd
 from configurator import configure, pick_device, require, resolve_dtype
-from model import IGNORE_INDEX, load_checkpoint
+from model import load_checkpoint
 from pretrained.loading import tokenizer_of
 from sampling import greedy, suppress_mask
 from tasks import task_of_checkpoint
@@ -98,13 +98,13 @@ def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
 def block_stats(r, k):
     """Per block of every row: its leading run of correct tokens, and accuracy by position."""
     runs, hits, counts = [], torch.zeros(k), torch.zeros(k)
-    for correct, is_read, phase in zip(r["correct"], r["is_read"], r["phases"].tolist()):
+    for correct, is_read in zip(r["correct"], r["is_read"]):
         read = is_read.nonzero()[:, 0].tolist()
         if not read:
             continue
-        first = read[0]  # the answer's first position: a block start
+        first, is_read = read[0], set(read)  # the answer's first position: a block start
         for start in range(first, read[-1] + 1, k):
-            block = [p for p in range(start, start + k) if p in set(read)]
+            block = [p for p in range(start, start + k) if p in is_read]
             flags = [bool(correct[p]) for p in block]
             runs.append(next((n for n, ok in enumerate(flags) if not ok), len(flags)))
             for j, ok in enumerate(flags):

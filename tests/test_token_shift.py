@@ -10,16 +10,6 @@ import os
 
 import pytest
 import torch
-
-import exact
-import generate
-import sampling
-import sbd
-import tiny_models
-from configurator import ConfigError
-from model import IGNORE_INDEX as NO, dense_mask, load_checkpoint
-from sbd import hybrid_mask
-from test_decoding import FAMILIES, GAMMA, decode_settings, mask_id_of, random_model, random_prompts
 from test_exact_serving import (
     chi_square_bound,
     enumerate_ntp,
@@ -27,6 +17,17 @@ from test_exact_serving import (
     statistic,
     tiny_sampling_model,
 )
+
+import exact
+import generate
+import sampling
+import sbd
+import tiny_models
+from configurator import ConfigError
+from model import IGNORE_INDEX as NO
+from model import dense_mask, load_checkpoint
+from sbd import hybrid_mask
+from test_decoding import FAMILIES, GAMMA, decode_settings, mask_id_of, random_model, random_prompts
 
 X = torch.arange(10, 18)[None]  # (1, 8): x_0..x_7 = 10..17
 WORKED = torch.tensor([[0, 1, 0, 1, 1, 1, 0, 1]], dtype=torch.bool)  # docs' worked example's masks
@@ -242,7 +243,8 @@ def test_shifted_exact_sampling_is_distributed_as_ntp_sampling():
     prompt, n = [1, 2, 3], 3
     settings = sampling.DecodeSettings(mask_id=5, k=3, gamma=1e9, rule="left", exact=True,
                                        temperature=1.0, token_shift=True)
-    value, dof = statistic(sampled_histogram(m, prompt, n, settings), enumerate_ntp(m, prompt, n, 5))
+    probs = enumerate_ntp(m, prompt, n, 5)
+    value, dof = statistic(sampled_histogram(m, prompt, n, settings), probs)
     assert dof >= 10 and value < chi_square_bound(dof)
 
 

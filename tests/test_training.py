@@ -307,7 +307,7 @@ def test_main_command_end_to_end(tmp_path):
 
 def test_shifted_complementary_run_end_to_end(tmp_path):
     """token_shift and complementary_masks train, are recorded in the checkpoint, and the report
-    decodes with them: its exact rows are still the SBD model's NTP decoding, problem for problem."""
+    decodes with them: its exact rows are still the SBD model's NTP decoding, problem by problem."""
     out = str(tmp_path)
     run = train(f"--out_dir={out}", "--ntp_iters=20", "--sbd_iters=20", *TINY, "--log_interval=5",
                 "--eval_interval=20", "--report_problems=10", "--token_shift=True",
