@@ -5,10 +5,10 @@ answers with every answer token masked, one forward per block (docs/findings.md,
     python -m report.screen --a=out-screen-paper                       # one checkpoint
     python -m report.screen --a=out-screen-paper --b=out-screen-shift  # two, paired
 
-Each val row is the SBD training forward with every answer token masked (sbd.sbd_layout), blocks
-of k starting at the answer as decoding's do. A noisy block there sees the clean tokens before it
-and its own k masks: exactly what decoding's first forward of that block sees when every earlier
-token is right. Block position 0 is read from the causal logits before the block (as decoders
+Each val row is the SBD training forward (sbd.sbd_layout) with every token from the answer's start
+on masked, blocks of k starting at the answer as decoding's do. A noisy block there sees the clean
+tokens before it and its own k masks: exactly what decoding's first forward of that block sees
+when every earlier token is right (tests/test_screen.py checks it against that forward). Block position 0 is read from the causal logits before the block (as decoders
 read it), position j >= 1 from the block slot sbd.read_at gives for the checkpoint's alignment.
 Per checkpoint it prints:
 - accuracy by block position (the argmax equals the answer token);
@@ -73,8 +73,9 @@ def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
     for i in range(0, len(x), batch_size):
         xb, ab = x[i:i + batch_size].to(device), answer[i:i + batch_size].to(device)
         phases = ab.int().argmax(dim=1) % k
-        s = sbd.first_noisy_position(ab, k, phases)
-        idx, pos, mask, _ = sbd.sbd_layout(xb, xb, mask_id, [ab], k, phases, s, token_shift)
+        masked = ab.cumsum(dim=1) > 0  # (B, L): the answer and all after it, as decoding's blocks
+        s = sbd.first_noisy_position(masked, k, phases)
+        idx, pos, mask, _ = sbd.sbd_layout(xb, xb, mask_id, [masked], k, phases, s, token_shift)
         slots, _ = read_slots(ab.cpu(), k, token_shift, L, s)
         slots = slots.to(device)
         is_read = slots >= 0  # (B, L)
@@ -150,7 +151,8 @@ def main(argv):
             continue
         path = checkpoint_path(o[name])
         model, checkpoint = load_checkpoint(path, device)
-        tokenizer = tokenizer_of(checkpoint["tokenizer"]) if checkpoint["tokenizer"] else None
+        llama = checkpoint["model_family"] == "llama"
+        tokenizer = tokenizer_of(checkpoint["tokenizer"]) if llama else None
         task = task_of_checkpoint(checkpoint, path, tokenizer)
         x, _, answer = task.training_tensors("val", True)
         if data is not None and not torch.equal(x[:o["problems"]], data):
