@@ -8,8 +8,9 @@ answers with every answer token masked, one forward per block (docs/findings.md,
 Each val row is the SBD training forward (sbd.sbd_layout) with every token from the answer's start
 on masked, blocks of k starting at the answer as decoding's do. A noisy block there sees the clean
 tokens before it and its own k masks: exactly what decoding's first forward of that block sees
-when every earlier token is right (tests/test_screen.py checks it against that forward). Block position 0 is read from the causal logits before the block (as decoders
-read it), position j >= 1 from the block slot sbd.read_at gives for the checkpoint's alignment.
+when every earlier token is right (tests/test_screen.py checks it against that forward). Block
+position 0 is read from the causal logits before the block (as decoders read it), position j >= 1
+from the block slot sbd.read_at gives for the checkpoint's alignment.
 Per checkpoint it prints:
 - accuracy by block position (the argmax equals the answer token);
 - the mean leading run of correct tokens per block: what exact SBD keeps of a block drafted in

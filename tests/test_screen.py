@@ -18,7 +18,7 @@ CKPT = os.path.join(os.path.dirname(__file__), "data", "old_sbd.pt")
 
 @torch.no_grad()
 def decoded_flags(model, x, answer, k, mask_id, token_shift):
-    """(L,) bool per answer position: its block's first forward, after a gold prefix, gets it right."""
+    """(L,) bool per answer position: its block's first forward after a gold prefix gets it."""
     L, start = x.size(0), int(answer.int().argmax())
     flags = torch.zeros(L, dtype=torch.bool)
     for b in range(start, L, k):
