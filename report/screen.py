@@ -18,6 +18,9 @@ Per checkpoint it prints:
 - teacher-forced NTP accuracy (the causal head on the same answers).
 With two checkpoints (trained on the same data, read with the same k), the paired difference of
 leading runs over the same blocks, with its standard error, and the blocks better and worse.
+With --benchmark (a chat model's val problems, e.g. data/wordproblems/val.jsonl) and
+--decode_problems=n it also decodes n of them for real: NTP accuracy and exact SBD's tokens per
+forward at this k, each block drafted in one forward, the number the read-out stands in for.
 """
 
 import json
@@ -32,8 +35,9 @@ import sbd
 from configurator import configure, pick_device, require, resolve_dtype
 from model import load_checkpoint
 from pretrained.loading import tokenizer_of
-from sampling import greedy, suppress_mask
-from tasks import task_of_checkpoint
+from sampling import ONE_FORWARD, greedy, settings_for, suppress_mask
+from tasks import BenchmarkTask, task_of_checkpoint
+from tasks.solve import solve, tokens_per_forward
 
 OPTIONS = dict(
     a="",  # train.py's out_dir (its ckpt_sbd.pt) or a checkpoint file
@@ -41,6 +45,9 @@ OPTIONS = dict(
     problems=256,  # val rows read
     k=8,  # block size of the read-out
     batch_size=8,
+    benchmark="",  # a chat model's val problems to decode ("" = the read-out only)
+    decode_problems=0,  # how many of them
+    answer_marker="####",
     dtype="auto",  # bf16 autocast where the CPU computes it natively
     device="",
 )
@@ -126,6 +133,25 @@ def summarize(name, r, k):
                 masked_accuracy=masked, ntp_accuracy=ntp), runs
 
 
+def decode_val(model, checkpoint, tokenizer, o, dtype):
+    """NTP accuracy and exact SBD's tokens per forward on the benchmark's first val problems."""
+    model = model.to(getattr(torch, dtype))
+    task = BenchmarkTask(o["benchmark"], tokenizer, val_problems=o["decode_problems"],
+                         max_new_tokens=128, answer_marker=o["answer_marker"])
+    problems = task.splits["val"]
+    base = settings_for(checkpoint, gamma=0.0).replace(k=o["k"])
+    ntp = solve(model, task, problems, base, ntp=True, batch_size=32)
+    exact = solve(model, task, problems, base.replace(gamma=ONE_FORWARD, exact=True),
+                  batch_size=32)
+    out = dict(ntp_val_accuracy=ntp["accuracy"], exact_tokens_per_forward=tokens_per_forward(exact),
+               exact_same_as_ntp=sum(a == b for a, b in zip(exact["completions"],
+                                                            ntp["completions"])))
+    print(f"  decoded {len(problems)} val problems: NTP {out['ntp_val_accuracy']:.1f}%, exact "
+          f"k={o['k']} {out['exact_tokens_per_forward']:.2f} tokens per forward "
+          f"({out['exact_same_as_ntp']} completions as NTP's)")
+    return out
+
+
 def mean(values):
     return sum(values) / max(len(values), 1)
 
@@ -163,6 +189,8 @@ def main(argv):
                      o["batch_size"])
         results[name], runs[name] = summarize(f"{name} = {path}", r, o["k"])
         results[name]["checkpoint"] = path
+        if o["benchmark"] and o["decode_problems"] and llama:
+            results[name].update(decode_val(model, checkpoint, tokenizer, o, dtype))
         del model
     if "b" in runs:
         d = paired(runs["a"], runs["b"])
