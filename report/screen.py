@@ -13,8 +13,9 @@ position 0 is read from the causal logits before the block (as decoders read it)
 from the block slot sbd.read_at gives for the checkpoint's alignment.
 Per checkpoint it prints:
 - accuracy by block position (the argmax equals the answer token);
-- the mean leading run of correct tokens per block: what exact SBD keeps of a block drafted in
-  one forward, when the model's NTP decoding writes the answer;
+- the mean leading run of correct drafts per block (positions 1 on; position 0 is the causal
+  head's in every arm): about what exact SBD keeps of a block drafted in one forward, past its
+  first token, where the model's NTP decoding writes the answer;
 - teacher-forced NTP accuracy (the causal head on the same answers).
 With two checkpoints (trained on the same data, read with the same k), the paired difference of
 leading runs over the same blocks, with its standard error, and the blocks better and worse.
@@ -105,7 +106,8 @@ def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
 
 
 def block_stats(r, k):
-    """Per block of every row: its leading run of correct tokens, and accuracy by position."""
+    """Per block of every row: its leading run of correct drafts (positions 1 on), and accuracy by
+    position (position 0 included)."""
     runs, hits, counts = [], torch.zeros(k), torch.zeros(k)
     for correct, is_read in zip(r["correct"], r["is_read"]):
         read = is_read.nonzero()[:, 0].tolist()
@@ -115,7 +117,8 @@ def block_stats(r, k):
         for start in range(first, read[-1] + 1, k):
             block = [p for p in range(start, start + k) if p in is_read]
             flags = [bool(correct[p]) for p in block]
-            runs.append(next((n for n, ok in enumerate(flags) if not ok), len(flags)))
+            drafts = flags[1:]
+            runs.append(next((n for n, ok in enumerate(drafts) if not ok), len(drafts)))
             for j, ok in enumerate(flags):
                 hits[j] += ok
                 counts[j] += 1
@@ -126,7 +129,7 @@ def summarize(name, r, k):
     runs, by_position = block_stats(r, k)
     ntp = r["ntp_correct"].sum().item() / max(r["is_read"].sum().item(), 1)
     masked = sum(by_position[1:]) / max(k - 1, 1)
-    print(f"{name}: {len(runs)} blocks of k={k}, leading correct run {mean(runs):.3f}, "
+    print(f"{name}: {len(runs)} blocks of k={k}, leading run of correct drafts {mean(runs):.3f}, "
           f"masked accuracy at positions 1-{k - 1} {masked:.3f}, teacher-forced NTP {ntp:.3f}")
     print("  accuracy by block position: " + " ".join(f"{a:.2f}" for a in by_position))
     return dict(blocks=len(runs), leading_run=mean(runs), by_position=by_position,
@@ -195,7 +198,7 @@ def main(argv):
     if "b" in runs:
         d = paired(runs["a"], runs["b"])
         results["paired"] = d
-        print(f"b - a, leading correct run: {d['diff']:+.3f} ± {d['se']:.3f} (SE) over "
+        print(f"b - a, leading run of correct drafts: {d['diff']:+.3f} ± {d['se']:.3f} (SE) over "
               f"{len(runs['a'])} blocks; b better on {d['better']}, worse on {d['worse']}")
     print(json.dumps(results))
     return results

@@ -45,7 +45,9 @@ def test_read_out_is_the_first_forward_of_each_block(token_shift):
         read = r["is_read"][row]
         assert torch.equal(r["correct"][row][read], expected[read]), row
     runs, by_position = screen.block_stats(r, k)
-    assert len(runs) == 6 * 8 and 0 < sum(runs) < 6 * 8 * k  # 60-token traces: 8 blocks a row
+    assert len(runs) == 6 * 8 and 0 < sum(runs) < 6 * 8 * (k - 1)  # 60-token traces: 8 blocks
+    flags = r["correct"][0][r["is_read"][0]].tolist()[1:8]  # row 0's first block's drafts
+    assert runs[0] == next((n for n, ok in enumerate(flags) if not ok), 7)
 
 
 def test_paired_difference_by_hand():
