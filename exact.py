@@ -189,17 +189,15 @@ def next_block_size(k, n_drafts, n_ok, patience, wait, K):
 
 class Rows:
     """Each row's state between forwards: host lists, and tensors for the blocks being drafted
-    (none written when on_host). Its methods are the decoder's steps: check what a forward
-    committed, draft, finish blocks."""
+    (none when on_host). Its methods are the decoder's steps: check a forward, draft, finish."""
 
     def __init__(self, prompt, settings, max_new_tokens, vocab_size, tensor_state=False):
         B, K, device = prompt.size(0), settings.k, prompt.device
         if settings.adaptive:  # the block size sets how much is drafted: every slot in one forward
             settings = settings.replace(gamma=ONE_FORWARD)
         self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
-        # greedy drafts of a whole block in the forward that feeds it: a forward's argmaxes are all
-        # the state a row needs, so it lives in host lists (settle_on_host); else in tensors (and
-        # always with tensor_state: the step view records the tensors)
+        # greedy drafts of a whole block per forward: the argmaxes are a row's whole state, kept in
+        # host lists (settle_on_host); else, and with tensor_state (the step view), in tensors
         self.on_host = settings.temperature == 0 and settings.gamma >= ONE_FORWARD
         self.on_host &= not tensor_state
         self.stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
@@ -366,10 +364,10 @@ class Rows:
         n_ok = [leading_true([d == t for d, t in zip(p[1:], row)]) if n else 0
                 for p, row, n in zip(self.pending, tokens, n_prev)]  # draft j: causal slot j
         _, _, first = self.commit(cache, n_prev, n_ok, tokens)
-        shift = self.settings.token_shift
         for b in (b for b in range(len(n_prev)) if first[b] and not self.done[b]):
-            kb = self.kb[b]  # position 0 is NTP's token, just emitted; position i's draft is the
-            drafts = tokens[b][P + read_at(1, shift):P + read_at(kb, shift)]  # slot read_at(i)
+            kb, shift = self.kb[b], self.settings.token_shift
+            # position 0 is NTP's token, just emitted; position i's draft is at slot read_at(i)
+            drafts = tokens[b][P + read_at(1, shift):P + read_at(kb, shift)]
             self.finish_block(b, self.out[b][-1:] + drafts, [0] * kb)
 
     def step_record(self, revealed, first, checks, rejected, active):

@@ -194,6 +194,19 @@ def add_noise(x, mask_id, maskable=None, generator=None):
     return torch.where(is_masked, torch.full_like(x, mask_id), x), is_masked
 
 
+def block_phases(answer, k, rule, generator=None):
+    """(B,) where each row's noisy blocks start, mod k (sbd_training_mask); answer (B, L) bool.
+
+    rule 'answer': at the first answer position (where decoding starts its first block);
+    'random': uniform in 0..k-1 per row; 'zero': at position 0 (the paper's fixed grid).
+    """
+    if rule == "answer":
+        return answer.int().argmax(dim=1) % k
+    if rule == "random":
+        return (torch.rand(len(answer), generator=generator).to(answer.device) * k).long()
+    return torch.zeros(len(answer), dtype=torch.long, device=answer.device)
+
+
 def first_noisy_position(maskable, k, phases):
     """Where the noisy half may start: the start of the block that holds the first position any row
     may mask.

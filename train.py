@@ -133,18 +133,13 @@ if block_phase not in ("answer", "random", "zero"):
     raise ConfigError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
 if min(ntp_weight, kl_weight, ntp_iters, sbd_iters) < 0:
     raise ConfigError("ntp_weight, kl_weight, ntp_iters and sbd_iters must be >= 0")
-if (token_shift or complementary_masks) and sbd_iters == 0:
-    raise ConfigError("token_shift and complementary_masks set how SBD trains: "
-                      "they need sbd_iters > 0")
-if token_shift and k_min < 2:
-    raise ConfigError(f"token_shift labels slot i with token i + 1 of its own block: a block of "
-                      f"k_min={k_min} has no such pair; use k_min >= 2")
-if token_shift and ntp_weight == 0:
-    raise ConfigError("token_shift reads each block's first token from the causal head, which "
-                      "ntp_weight=0 stops training; keep the NTP term")
-if kl_weight and (token_shift or complementary_masks):
-    raise ConfigError("kl_weight pairs slots by the paper's alignment and one noisy copy: "
-                      "unset token_shift and complementary_masks, or kl_weight")
+if (token_shift or complementary_masks) and (sbd_iters == 0 or kl_weight):
+    raise ConfigError("token_shift and complementary_masks set how SBD trains: they need "
+                      "sbd_iters > 0 and kl_weight=0 (kl_weight pairs slots by the paper's rule)")
+if token_shift and (k_min < 2 or ntp_weight == 0):
+    raise ConfigError(f"token_shift labels slot i with token i + 1 of its block and reads a "
+                      f"block's first token from the causal head: use k_min >= 2 (got {k_min}) "
+                      f"and keep the NTP term (got ntp_weight={ntp_weight})")
 
 # distributed setup: under torchrun each process trains on its own batches, gradients averaged
 ddp = int(os.environ.get("RANK", -1)) != -1
@@ -219,15 +214,6 @@ def get_batch(split, generator, rows):
     return x.to(device), y.to(device), answer.to(device)
 
 
-def block_phases(answer, k, generator):
-    """(B,) where each row's noisy blocks start, mod k (sbd.sbd_training_mask); answer (B, L)."""
-    if block_phase == "answer":  # decoding starts its first block right after the prompt
-        return answer.int().argmax(dim=1) % k  # the first answer position of each row
-    if block_phase == "random":  # uniform in 0..k-1, per row
-        return (torch.rand(len(answer), generator=generator).to(answer.device) * k).long()
-    return torch.zeros(len(answer), dtype=torch.long, device=answer.device)
-
-
 def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
     """-> (loss to optimise, NTP loss, masked-token loss or None) for one batch."""
     if stage == "ntp":
@@ -235,7 +221,7 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
         _, loss = model(x, y if at is None else y[at], at=at)
         return loss, loss.detach(), None
     maskable = answer if loss_on_answer_only else None
-    phases = block_phases(answer, k, generator).to(device)
+    phases = sbd.block_phases(answer, k, block_phase, generator).to(device)
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, phases, maskable, generator,
                                             flex=attention == "flex", token_shift=token_shift,
                                             complementary=complementary)  # mask (B, T, T)
@@ -288,12 +274,7 @@ raw_model = model
 if compile:
     model = torch.compile(model)
 if fsdp:  # parameters, gradients and optimizer state sharded, one Llama block gathered at a time
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_optimizer_state_dict,
-    )
+    import torch.distributed.checkpoint.state_dict as dist_state
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     # gradients summed in fp32. The blocks' inputs are not cast: the rotary cos/sin stay fp32, and
@@ -303,7 +284,7 @@ if fsdp:  # parameters, gradients and optimizer state sharded, one Llama block g
     for block in raw_model.layers:
         fully_shard(block, mp_policy=mixed)
     fully_shard(raw_model, mp_policy=mixed)
-    FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0
+    FULL = dist_state.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0
 elif ddp:
     model = DDP(model,
                 device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
@@ -316,8 +297,8 @@ def new_optimizer(stage):
 
 optimizer = new_optimizer(stage)
 if checkpoint is not None and fsdp:  # the full state, keyed by parameter name: each rank its shard
-    set_optimizer_state_dict(raw_model, optimizer, checkpoint["optimizer"],
-                             options=StateDictOptions(full_state_dict=True))
+    full = dist_state.StateDictOptions(full_state_dict=True)
+    dist_state.set_optimizer_state_dict(raw_model, optimizer, checkpoint["optimizer"], options=full)
 elif checkpoint is not None:
     optimizer.load_state_dict(checkpoint["optimizer"])
 checkpoint = None  # free memory
@@ -366,7 +347,8 @@ def stage_checkpoint():
     """A self-contained checkpoint (the layout in the docstring above), without the optimizer.
     Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the
     weights."""
-    state = get_model_state_dict(raw_model, options=FULL) if fsdp else raw_model.state_dict()
+    state = (dist_state.get_model_state_dict(raw_model, options=FULL) if fsdp
+             else raw_model.state_dict())
     return dict(model=state, model_family="llama" if llama else "gpt", model_args=model_args,
                 stage=stage, config=config, tokenizer=task.tokenizer_info, dataset=dataset,
                 data_version=task.data_version, mask_id=task.mask_id,
@@ -382,8 +364,8 @@ def save(name, checkpoint):
 def save_resume(estimated=False):
     """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by name.
     estimated: this iteration's log_estimate is in eval.jsonl (a resume does not repeat it)."""
-    optimizer_state = (get_optimizer_state_dict(raw_model, optimizer, options=FULL) if fsdp
-                       else optimizer.state_dict())
+    optimizer_state = (dist_state.get_optimizer_state_dict(raw_model, optimizer, options=FULL)
+                       if fsdp else optimizer.state_dict())
     save("resume", dict(stage_checkpoint(), optimizer=optimizer_state, estimated=estimated))
 
 

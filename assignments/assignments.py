@@ -50,7 +50,8 @@ ASSIGNMENTS = [
     dict(
         number=2, title="The SBD training objective", kind="implementation", points=10,
         builds_on=[1], writeup="02_objective.md",
-        functions=["sbd.py:add_noise", "sbd.py:sbd_inputs", "sbd.py:sbd_loss"],
+        functions=["sbd.py:add_noise", "sbd.py:noisy_labels", "sbd.py:sbd_layout",
+                   "sbd.py:sbd_loss"],
         tests=[
             "tests/test_training.py::test_labels_of_the_worked_example",
             "tests/test_training.py::test_labels_with_random_noise",

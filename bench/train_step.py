@@ -67,7 +67,7 @@ def batches(task, n, generator):
         if stage == "ntp":
             out.append((dict(idx=xb), yb, used))
             continue
-        phases = ab.int().argmax(dim=1) % k  # block_phase='answer'
+        phases = sbd.block_phases(ab, k, "answer")
         idx, pos, mask, labels = sbd.sbd_inputs(xb, yb, task.mask_id, k, phases, ab, generator)
         out.append((dict(idx=idx, pos=pos, mask=mask), labels, used))
     return out

@@ -63,7 +63,7 @@ def read_slots(answer, k, token_shift, L, s):
     predict it (-1 elsewhere), and phases (B,). Block position 0 is the clean slot p - 1 (causal
     logits); position j >= 1 the noisy slot of the block's position read_at(j)."""
     B = answer.size(0)
-    phases = answer.int().argmax(dim=1) % k  # (B,) blocks start at the answer
+    phases = sbd.block_phases(answer, k, "answer")  # (B,) blocks start at the answer
     p = torch.arange(L)[None].expand(B, L)  # (B, L)
     j = (p - phases[:, None]) % k  # block position
     noisy_slot = L + (p - j + sbd.read_at(j, token_shift)) - s  # slot of position start + read_at
@@ -81,7 +81,7 @@ def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
     device = next(model.parameters()).device
     for i in range(0, len(x), batch_size):
         xb, ab = x[i:i + batch_size].to(device), answer[i:i + batch_size].to(device)
-        phases = ab.int().argmax(dim=1) % k
+        phases = sbd.block_phases(ab, k, "answer")
         masked = ab.cumsum(dim=1) > 0  # (B, L): the answer and all after it, as decoding's blocks
         s = sbd.first_noisy_position(masked, k, phases)
         idx, pos, mask, _ = sbd.sbd_layout(xb, xb, mask_id, [masked], k, phases, s, token_shift)

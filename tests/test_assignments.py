@@ -49,7 +49,6 @@ import torch
 
 import model as model_lib
 import sampling
-import sbd
 from tiny_models import random_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -491,7 +490,7 @@ def test_the_writeup_checks_can_fail(collected, measured):
     text = writeup(a)
     assert writeup_problems(a, text) == count_problems(a, text, collected) == []
     changes = {  # what a stale write-up once said
-        "noisy_start left out": ("noisy_start=None):", "):"),
+        "token_shift left out": ("token_shift=False, flex=False):", "flex=False):"),
         "the noisy half as 2L": ("idx (B, T) long", "idx (B, 2 * L) long"),
         "a dtype": ("is_masked (B, L) bool", "is_masked (B, L) long"),
         "an input that is no parameter": ("maskable (B, L) bool ->", "noise (B, L) bool ->"),
@@ -542,9 +541,11 @@ def shape_example(name):
             dict(q=torch.arange(8)[None, :, None], kv=torch.arange(8)[None, None, :], L=6, k=4,
                  phase=phases[:, None, None], noisy_start=4), {}),
         "sbd.py:add_noise": lambda: (dict(x=x, mask_id=99, maskable=answer, generator=g), {}),
-        "sbd.py:sbd_inputs": lambda: (
-            dict(x=x, y=x, mask_id=99, k=4, phases=phases, maskable=answer, generator=g),
-            dict(T=2 * 10 - sbd.first_noisy_position(answer, 4, phases))),
+        "sbd.py:noisy_labels": lambda: (
+            dict(x=x, is_masked=answer & (x % 2 == 0), k=4, phases=phases), {}),
+        "sbd.py:sbd_layout": lambda: (
+            dict(x=x, y=x, mask_id=99, masks=[answer & (x % 2 == 0)], k=4, phases=phases,
+                 noisy_start=4), dict(T=2 * 10 - 4)),
         "sbd.py:sbd_loss": lambda: (
             dict(logits=torch.randn(2, 9, 7), labels=torch.randint(0, 7, (2, 9)), L=6), {}),
         "model.py:KVCache.extend": lambda: (

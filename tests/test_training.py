@@ -177,6 +177,23 @@ def test_loss_is_one_cross_entropy_over_all_labelled_positions():
         "the loss is the weighted mean sum(w * nll) / sum(w), w = ntp_weight on labelled clean "
         "slots and 1 on labelled noisy ones: at ntp_weight=0 it is the masked-token mean")
 
+def test_block_phases_by_hand():
+    """Rows whose answers start at 3, 5 and 8, k = 4: 'answer' puts a block start at the first
+    answer token (3, 1, 0 mod 4), 'zero' at 0; 'random' is one draw per row in 0..k-1, the same for
+    the same generator (a resumed run draws it again)."""
+    answer = torch.zeros(3, 10, dtype=torch.bool)
+    for row, first in enumerate((3, 5, 8)):
+        answer[row, first:] = True
+    assert sbd.block_phases(answer, 4, "answer").tolist() == [3, 1, 0]
+    assert sbd.block_phases(answer, 4, "zero").tolist() == [0, 0, 0]
+    draws = [sbd.block_phases(answer, 4, "random", torch.Generator().manual_seed(s))
+             for s in (0, 0, 1)]
+    assert torch.equal(draws[0], draws[1]) and all(((d >= 0) & (d < 4)).all() for d in draws)
+    many = sbd.block_phases(torch.ones(4000, 2, dtype=torch.bool), 4, "random",
+                            torch.Generator().manual_seed(2))
+    assert torch.bincount(many, minlength=4).min() > 900  # every phase, about a quarter each
+
+
 @pytest.mark.parametrize("block_phase", ["answer", "random", "zero"])
 def test_leaving_out_the_unread_noisy_prompt_changes_nothing(block_phase):
     """With noise on the answer only, the noisy copies of the prompt are never labelled and (with
