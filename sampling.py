@@ -32,7 +32,7 @@ class DecodeSettings:
     exact: bool = False  # exact SBD (exact.py): drafts checked by NTP, the output is NTP's
     adaptive: bool = False  # exact SBD: block size follows accepted drafts, drafted in 1 forward
     first_from_ntp: bool = True  # a block's slot 0 from the causal logits (False: no NTP term)
-    token_shift: bool = False  # block slot j predicts position j + 1 (sbd.read_at), not j
+    token_shift: bool = False  # block slots aligned by token shift (sbd.read_at), not the paper
     temperature: float = 0.0  # 0: argmax (the paper's setting); > 0: sample
     top_k: int | None = None  # sample among the top_k most likely tokens only
     top_p: float | None = None  # sample among the smallest set holding probability top_p

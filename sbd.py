@@ -8,7 +8,8 @@ clean half is ordinary next-token prediction (NTP); the noisy half learns to fil
 of a block of k from the clean tokens before the block and the block's unmasked tokens. One
 cross-entropy over both halves is the loss (the paper's Eq. 14; docs/method.md, Training).
 Which block slot predicts which block position is one rule, read_at, that training labels and every
-decoder share: the paper's (a slot predicts its own token) or token shift (the next one).
+decoder share: the paper's (a slot predicts its own token) or token shift's, which keeps the
+pretrained model's next-token alignment (docs/method.md, Token shift).
 Decoding with the trained model lives in generate.py (NTP and SBD) and exact.py (exact SBD).
 
 Index convention: 0-based throughout; the paper's x_1..x_L is x[0]..x[L-1] here.
@@ -26,33 +27,38 @@ from model import IGNORE_INDEX, attention_bias, block_mask, causal_mask
 
 
 def read_at(j, token_shift):
-    """Block slot whose logits predict block position j (j = 0..k-1 within the block).
+    """Block slot whose logits predict block position j (j = 0..k-1 within the block; an int or a
+    long tensor, the result alike): the paper's rule, a slot predicts the token at its own
+    position, or token shift's (shift_read_at). A slot outside 0..k-1: no slot of the block
+    predicts position j."""
+    return shift_read_at(j) if token_shift else j
 
-    The paper: slot j predicts the token AT its position. Token shift (Fast-dLLM v2, Dream): slot
-    j - 1 predicts position j, the NEXT token, as every slot of the pretrained causal model does,
-    so the masked-token head starts from the next-token head. Slot -1 is the slot before the block:
-    position 0 is then read from the committed prefix's last causal logits (as decoders with the
-    NTP term already do), and the block's last slot predicts nothing inside its block.
+
+def shift_read_at(j):
+    """read_at under token shift: the block slot whose logits predict block position j (an int or
+    a long tensor of positions 0..k-1, the result alike).
+
+    The goal: the masked-token head reuses the alignment that every slot of the pretrained causal
+    model already has, so that fine-tuning starts from what the model knows. Decoders read block
+    position j at this slot (block_predictions, exact.py), and shift_labels must train this slot
+    for it. A result outside 0..k-1 says that no slot of the block predicts position j; a decoder
+    then has nothing to read it from unless it is position 0, which decoders with the NTP term
+    take from the causal logits before the block (first_from_ntp: DecodeSettings requires it under
+    token shift, train.py requires the NTP term and blocks of at least 2).
     """
-    return j - int(token_shift)
-
-
-def predicted_by(i, token_shift):
-    """read_at's twin for training labels: the block position that slot i's logits predict."""
-    return i + int(token_shift)
+    return j - 1
 
 
 def block_predictions(block_logits, token_shift):
-    """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1, by read_at.
-
-    Under token shift position 0 is predicted before the block (read_at gives -1): its row here
-    repeats slot 0's and is never read, since decoders reveal position 0 from the causal logits
-    before any reveal rule runs (DecodeSettings refuses token_shift without first_from_ntp).
-    """
+    """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1: position j's row is
+    slot read_at(j)'s. A position that no slot of the block predicts gets the nearest slot's row,
+    which must never be read (block position 0 is revealed from the causal logits before any reveal
+    rule runs: generate.reveal_first)."""
     if not token_shift:
         return block_logits
-    slots = read_at(torch.arange(block_logits.size(1), device=block_logits.device), True)
-    return block_logits[:, slots.clamp(min=0)]  # (B, W, V)
+    W = block_logits.size(1)
+    slots = read_at(torch.arange(W, device=block_logits.device), True)
+    return block_logits[:, slots.clamp(0, W - 1)]  # (B, W, V)
 
 
 # -----------------------------------------------------------------------------
@@ -225,18 +231,33 @@ def first_noisy_position(maskable, k, phases):
 def noisy_labels(x, is_masked, k, phases, token_shift=False):
     """(B, L) labels of a noisy copy, by the position each slot stands for (IGNORE_INDEX: none).
 
-    The paper: slot i -> x[i] if position i is masked. Token shift: slot i -> x[i + 1] if position
-    i + 1 is masked and in i's block (predicted_by); a block's first position is still masked as an
-    input, but no slot of its block predicts it (decoding reads it from the causal logits).
+    The paper's rule: slot i is labelled x[i] if position i is masked, and not at all otherwise.
+    token_shift: the labels of token shift's alignment (shift_labels).
+    """
+    if token_shift:
+        return shift_labels(x, is_masked, k, phases)
+    return torch.where(is_masked, x, IGNORE_INDEX)
+
+
+def shift_labels(x, is_masked, k, phases):
+    """noisy_labels under token shift: x (B, L), is_masked (B, L) bool, blocks of k from phases
+    (B,) as in sbd_training_mask -> (B, L) labels of a noisy copy, by the position each slot stands
+    for (IGNORE_INDEX: no label).
+
+    Which slot learns which token, and when, follows from the alignment: the slot that decoding
+    reads for a block position (shift_read_at) must learn that position's token, and no labelled
+    slot may see its own target through the training mask (its own input, the other slots of its
+    block, the clean tokens before its block).
     """
     B, L = x.shape
-    i = torch.arange(L, device=x.device)[None]  # (1, L)
-    target = predicted_by(i, token_shift)  # (1, L): the position slot i predicts
-    phases = phases[:, None]  # (B, 1)
-    inside = (target < L) & (block_id(target, k, phases) == block_id(i, k, phases))  # (B, L)
-    target = target.clamp(max=L - 1).expand(B, L)
-    labelled = inside & is_masked.gather(1, target)
-    return torch.where(labelled, x.gather(1, target), IGNORE_INDEX)
+    p = torch.arange(L, device=x.device).expand(B, L)  # (B, L): the position a label is of
+    start = block_id(p, k, phases[:, None]) * k + phases[:, None]  # (B, L): its block's start
+    slot = start + shift_read_at(p - start)  # (B, L): the slot decoding reads it at
+    learnt = is_masked & (slot >= start)  # masked, and read inside its own block
+    rows = torch.arange(B, device=x.device)[:, None].expand(B, L)  # (B, L)
+    labels = torch.full_like(x, IGNORE_INDEX)
+    labels[rows[learnt], slot[learnt]] = x[learnt]
+    return labels
 
 
 def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=False,

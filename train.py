@@ -75,7 +75,7 @@ sbd_lr = 2e-3
 k_min = 8  # block size k ~ U{k_min..k_max} once per step (the paper: U{2..16}); it must cover
 k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findings.md, Block sizes)
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
-token_shift = False  # noisy slot i predicts token i + 1, the pretrained alignment (sbd.read_at)
+token_shift = False  # block slots keep the pretrained next-token alignment (sbd.read_at)
 complementary_masks = False  # two noisy copies per row, masks m and not-m (sbd.sbd_inputs)
 kl_weight = 0.0  # weight of a KL term to the causal head's distribution (sbd.causal_kl); 0 = off
 sbd_responses = ""  # a .jsonl of other responses stage 2 learns (its own: report/distill.py)
@@ -137,9 +137,9 @@ if (token_shift or complementary_masks) and (sbd_iters == 0 or kl_weight):
     raise ConfigError("token_shift and complementary_masks set how SBD trains: they need "
                       "sbd_iters > 0 and kl_weight=0 (kl_weight pairs slots by the paper's rule)")
 if token_shift and (k_min < 2 or ntp_weight == 0):
-    raise ConfigError(f"token_shift labels slot i with token i + 1 of its block and reads a "
-                      f"block's first token from the causal head: use k_min >= 2 (got {k_min}) "
-                      f"and keep the NTP term (got ntp_weight={ntp_weight})")
+    raise ConfigError(f"token_shift reads a block's first token from the causal head and the "
+                      f"rest from the block: use k_min >= 2 (got {k_min}) and keep the NTP term "
+                      f"(got ntp_weight={ntp_weight})")
 
 # distributed setup: under torchrun each process trains on its own batches, gradients averaged
 ddp = int(os.environ.get("RANK", -1)) != -1

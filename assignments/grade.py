@@ -1,6 +1,8 @@
 """
-Grade the implementation assignments: run each one's tests (assignments.py), check the answers to
-its graded questions, and print a points table.
+Grade the assignments: run each one's tests (assignments.py), check the answers to its graded
+questions, and print a points table. Implementation assignments and the graded experiments
+(kind "measurement": their tests run the experiment again and compare the numbers in answers.toml)
+are graded here; the other experiments by hand.
 
     python assignments/grade.py                      # in a handout: its assignments; else all
     python assignments/grade.py --assignments 4      # only assignment 4
@@ -13,14 +15,17 @@ says otherwise. A question earns its points when the answer in answers.toml (nex
 or --answers) is right; the rest of an assignment's points are split equally over its listed
 tests, and a listed test with several parametrized cases earns its share in proportion to the cases
 it passes (a skipped case counts as not passed). List module-level test functions: a test inside a
-class is not found. The JSON has one entry per listed test and one per question: {"score",
+class is not found. A listed test in tests/hidden/ that this copy does not have (a student's
+handout leaves the hidden tests out) is not run: it earns nothing here and is marked hidden, and
+the autograder, whose copy has them, runs it. The JSON has one entry per listed test and one per question: {"score",
 "tests": [{"name", "score", "max_score", "output"}]}, plus "execution_time" and each assignment's
 seconds in "extra_data".
 
 Answers are checked against a salted, slow hash of their canonical form (digest below), so this
 file and assignments.py do not hold them; an answer with few possible values can still be found by
 trying them, so teachers who care limit the submissions.
-Exit status 0 when every graded test passed and every question is answered right, 1 otherwise.
+Exit status 0 when every graded test that ran passed and every question is answered right, 1
+otherwise.
 """
 
 import argparse
@@ -64,16 +69,21 @@ def collect(tests, timeout=300):
     return [line for line in lines if "::" in line and " " not in line]
 
 
-def run_tests(tests, timeout):
+def is_hidden(test):
+    """A listed test of a file this copy does not have: a hidden test in a student's handout."""
+    return not os.path.exists(os.path.join(ROOT, test.split("::")[0]))
+
+
+def run_tests(tests, timeout, answers=ANSWERS):
     """Run pytest on the node ids in ROOT -> (cases {node id: failure text or None}, pytest's
-    output, seconds)."""
+    output, seconds). The graded experiments' tests read the answers from SBD_ANSWERS."""
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.xml")
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                f"--junitxml={report}", *tests]
         # the tests' models are tiny: more threads only add overhead, and on a busy machine they
         # wait for each other (a 2-s assignment took a minute at 2 threads on 2 shared cores)
-        env = {"OMP_NUM_THREADS": "1", **os.environ}
+        env = {"OMP_NUM_THREADS": "1", **os.environ, "SBD_ANSWERS": os.path.abspath(answers)}
         t0 = time.time()
         try:
             done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -142,15 +152,24 @@ def grade_questions(assignment, answers):
     return entries
 
 
-def grade(assignment, timeout, answers=None):
-    """-> dict(number, title, points, max_points, passed, failed, seconds, tests=[Gradescope test
-    entries], failures=[(test, cases passed, cases, first error line)], questions=(right, of))."""
-    cases, output, seconds = run_tests(assignment["tests"], timeout)
+def grade(assignment, timeout, answers=None, answers_path=ANSWERS):
+    """-> dict(number, title, points, max_points, passed, failed, hidden, seconds, tests=[Gradescope
+    test entries], failures=[(test, cases passed, cases, first error line)], questions=(right,
+    of))."""
+    hidden = [t for t in assignment["tests"] if is_hidden(t)]
+    visible = [t for t in assignment["tests"] if t not in hidden]
+    cases, output, seconds = (run_tests(visible, timeout, answers_path) if visible
+                              else ({}, "", 0.0))
     questions = grade_questions(assignment, answers or {})
     test_points = assignment["points"] - sum(q["max_score"] for q in questions)
     share = test_points / len(assignment["tests"])
     entries, failures, passed, failed = [], [], 0, 0
     for test in assignment["tests"]:
+        if test in hidden:
+            entries.append(dict(name=f"{assignment['number']}. {assignment['title']}: {test} "
+                                     "(hidden)", score=0.0, max_score=share,
+                                output="hidden: not in this copy; the autograder runs it"))
+            continue
         mine = {n: cases[n] for n in cases_of(test, cases)}
         ok = sum(f is None for f in mine.values())
         passed, failed = passed + ok, failed + len(mine) - ok
@@ -172,20 +191,24 @@ def grade(assignment, timeout, answers=None):
     right = sum(q["score"] == q["max_score"] for q in questions)
     return dict(number=assignment["number"], title=assignment["title"],
                 max_points=assignment["points"], points=sum(e["score"] for e in entries),
-                passed=passed, failed=failed, seconds=seconds, tests=entries, failures=failures,
+                passed=passed, failed=failed, hidden=len(hidden), seconds=seconds, tests=entries,
+                failures=failures,
                 questions=(right, len(questions)))
 
 
 def print_table(results):
-    print(f"{'assignment':46s} {'points':>11s} {'passed':>7s} {'failed':>7s} {'questions':>9s} "
-          f"{'seconds':>8s}")
+    print(f"{'assignment':46s} {'points':>11s} {'passed':>7s} {'failed':>7s} {'hidden':>7s} "
+          f"{'questions':>9s} {'seconds':>8s}")
     for r in results:
         name = f"{r['number']}. {r['title']}"[:46]
         right, of = r["questions"]
         print(f"{name:46s} {r['points']:5.1f}/{r['max_points']:<5g} {r['passed']:7d} "
-              f"{r['failed']:7d} {f'{right}/{of}':>9s} {r['seconds']:8.1f}")
+              f"{r['failed']:7d} {r['hidden']:7d} {f'{right}/{of}':>9s} {r['seconds']:8.1f}")
     total, most = sum(r["points"] for r in results), sum(r["max_points"] for r in results)
     print(f"{'total':46s} {total:5.1f}/{most:<5g}")
+    if any(r["hidden"] for r in results):
+        print("hidden: tests this copy does not have (tests/hidden/); the autograder runs them, "
+              "and their points are not counted here")
     for r in results:
         if r["failures"]:
             print(f"\nassignment {r['number']}, failed (cases passed / cases):")
@@ -194,13 +217,12 @@ def print_table(results):
 
 
 def default_selection():
-    """The handout's assignments (handout.json, written by handout.py), or every implementation
-    assignment."""
+    """The handout's assignments (handout.json, written by handout.py), or every graded one."""
     path = os.path.join(HERE, "handout.json")
     if os.path.exists(path):
         with open(path) as f:
             return json.load(f)["assignments"]
-    return [a["number"] for a in ASSIGNMENTS if a["kind"] == "implementation"]
+    return [a["number"] for a in ASSIGNMENTS if a["tests"]]
 
 
 if __name__ == "__main__":
@@ -222,13 +244,13 @@ if __name__ == "__main__":
     unknown = [n for n in numbers if n not in by_number]
     if unknown:
         raise SystemExit(f"error: no assignment {unknown}; there are {sorted(by_number)}")
-    chosen = [by_number[n] for n in numbers if by_number[n]["kind"] == "implementation"]
+    chosen = [by_number[n] for n in numbers if by_number[n]["tests"]]
     for n in numbers:
-        if by_number[n]["kind"] != "implementation":
+        if not by_number[n]["tests"]:
             print(f"assignment {n} is an experiment: written up and graded by hand "
                   f"({by_number[n]['writeup']})")
     answers = read_answers(args.answers)
-    results = [grade(a, args.timeout, answers) for a in chosen]
+    results = [grade(a, args.timeout, answers, args.answers) for a in chosen]
     print_table(results)
     if args.json:
         with open(args.json, "w") as f:

@@ -3,16 +3,21 @@ Write a student copy of this repository with some assignments' functions blanked
 
     python assignments/handout.py ../sbd-handout                    # assignments 1-6 blanked
     python assignments/handout.py ../sbd-handout --assignments 1,4  # only these
+    python assignments/handout.py ../autograder --hidden            # the grader's copy
     python assignments/handout.py --measure   # lines each assignment leaves to the student
 
 The copy holds the repository's files (tracked, plus new files git does not ignore; no .git, no
-virtual environment, no out*/ runs, no generated data). Each function that assignments.py names for
-the chosen assignments keeps its signature and docstring (the specification); the rest of its body
-becomes
+virtual environment, no out*/ runs, no generated data, no STAFF_ONLY file). Each function that
+assignments.py names for the chosen assignments keeps its signature and docstring (the
+specification); the rest of its body becomes
     raise NotImplementedError("assignment N: file:name")
 The function is found on the syntax tree (ast) and exactly the lines of its body after the docstring
-are replaced, so every other line of every file stays as it is: the source needs no solution
-markers. There is no solutions mode to generate: the solutions are this repository.
+are replaced: the source needs no solution markers. Two more things stay out of a student's copy:
+the hidden tests (HIDDEN: reference implementations of blanked functions and the checks that use
+them; --hidden keeps them, for the autograder's copy) and, for a design assignment, the Markdown
+sections that describe its solution (an assignment's "withheld"), whose text becomes one line that
+says so. Every other line of every file stays as it is. There is no solutions mode to generate: the
+solutions are this repository.
 """
 
 import argparse
@@ -26,7 +31,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from assignments import ASSIGNMENTS, SPECS, STAFF_ONLY  # noqa: E402  (the list next to this file)
+from assignments import ASSIGNMENTS, HIDDEN, SPECS, STAFF_ONLY  # noqa: E402  (the list next to it)
 
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -116,9 +121,31 @@ def blank_file(text, path, targets):
     return blanked
 
 
-def repository_files(root):
+def withhold_sections(text, path, headings, note):
+    """text with the body of each Markdown section whose heading is in headings (up to the next
+    heading of its level or above; lines in code blocks are no headings) replaced by the line
+    note."""
+    lines = text.splitlines(keepends=True)
+    for heading in headings:
+        fenced, level_of = False, {}
+        for i, line in enumerate(lines):
+            fenced ^= line.startswith("```")
+            if not fenced and line.startswith("#"):
+                level_of[i] = len(line) - len(line.lstrip("#"))
+        found = [i for i in level_of if lines[i].lstrip("#").strip() == heading]
+        if len(found) != 1:
+            raise SystemExit(f"error: {path} has {len(found)} sections {heading!r} (renamed? update "
+                             "'withheld' in assignments/assignments.py)")
+        start = found[0]
+        end = next((i for i in sorted(level_of) if i > start and level_of[i] <= level_of[start]),
+                   len(lines))
+        lines[start + 1:end] = ["\n", note + "\n", "\n"]
+    return "".join(lines)
+
+
+def repository_files(root, hidden=False):
     """Files a handout copies: tracked, plus untracked ones .gitignore does not exclude, minus
-    STAFF_ONLY."""
+    STAFF_ONLY and, unless hidden, the hidden tests."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
                                  "--exclude-standard"], cwd=root,
@@ -127,7 +154,8 @@ def repository_files(root):
         raise SystemExit(f"error: {root} is not a git checkout; make handouts from a clone of the "
                          "repository") from e
     files = sorted(set(f for f in listed.split("\0") if f))
-    return [f for f in files if f not in STAFF_ONLY and os.path.isfile(os.path.join(root, f))]
+    return [f for f in files if f not in STAFF_ONLY and (hidden or not f.startswith(HIDDEN))
+            and os.path.isfile(os.path.join(root, f))]
 
 
 def targets_by_file(numbers):
@@ -146,15 +174,26 @@ def targets_by_file(numbers):
     return by_file
 
 
-def make_handout(dest, numbers, root=ROOT):
+def withheld_by_file(numbers):
+    """{file: [(assignment, heading), ...]}: the Markdown sections the chosen assignments withhold."""
+    by_file = {}
+    for a in ASSIGNMENTS:
+        if a["number"] in numbers:
+            for entry in a.get("withheld", []):
+                path, heading = entry.split("#", 1)
+                by_file.setdefault(path, []).append((a, heading))
+    return by_file
+
+
+def make_handout(dest, numbers, root=ROOT, hidden=False):
     dest = os.path.abspath(dest)
     if os.path.exists(dest) and os.listdir(dest):
         raise SystemExit(f"error: {dest} exists and is not empty")
     if os.path.commonpath([dest, root]) == root:
         raise SystemExit("error: write the handout outside the repository (e.g. "
                          f"{os.path.dirname(root)}/handout)")
-    by_file = targets_by_file(numbers)
-    files = repository_files(root)
+    by_file, withheld = targets_by_file(numbers), withheld_by_file(numbers)
+    files = repository_files(root, hidden)
     missing = sorted(set(by_file) - set(files))
     if missing:
         raise SystemExit(f"error: assignments.py names functions in {missing}, which the "
@@ -163,17 +202,23 @@ def make_handout(dest, numbers, root=ROOT):
         src, dst = os.path.join(root, f), os.path.join(dest, f)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copy2(src, dst)
-        if f in by_file:
+        if f in by_file or f in withheld:
             with open(src, encoding="utf-8") as fh:
                 text = fh.read()
+            if f in by_file:
+                text = blank_file(text, f, by_file[f])
+            for a, heading in withheld.get(f, []):
+                text = withhold_sections(text, f, [heading],
+                                         f"Withheld in this handout: assignment {a['number']} asks "
+                                         f"you to design it (assignments/{a['writeup']}).")
             with open(dst, "w", encoding="utf-8") as fh:
-                fh.write(blank_file(text, f, by_file[f]))
+                fh.write(text)
     # grade.py's default selection
     with open(os.path.join(dest, "assignments", "handout.json"), "w") as fh:
         json.dump({"assignments": sorted(numbers)}, fh)
     n_blanked = sum(len(t) for t in by_file.values())
     print(f"wrote {len(files)} files to {dest}: assignments {sorted(numbers)}, {n_blanked} "
-          "functions blanked")
+          f"functions blanked, hidden tests {'kept' if hidden else 'left out'}")
     print(f"students: cd {dest} && python assignments/grade.py")
 
 
@@ -219,7 +264,7 @@ def measure(numbers, root=ROOT):
     assigned = {f for a in ASSIGNMENTS for f in a["functions"]}  # any assignment's: not given
     results = []
     for a in ASSIGNMENTS:
-        if a["number"] not in numbers or a["kind"] != "implementation":
+        if a["number"] not in numbers or not a["functions"]:
             continue
         helpers = {}
         for name in a["functions"]:
@@ -259,15 +304,18 @@ if __name__ == "__main__":
     parser.add_argument("--assignments", default=None,
                         help="comma-separated assignment numbers, e.g. 1,4 (default: every "
                              "implementation assignment)")
+    parser.add_argument("--hidden", action="store_true",
+                        help=f"keep the hidden tests ({HIDDEN}): the autograder's copy, never a "
+                             "student's")
     parser.add_argument("--measure", action="store_true",
                         help="write nothing: print how many lines each assignment leaves to the "
                              "student and which given helpers its solution calls")
     args = parser.parse_args()
     chosen = (parse_numbers(args.assignments) if args.assignments else
-              {a["number"] for a in ASSIGNMENTS if a["kind"] == "implementation"})
+              {a["number"] for a in ASSIGNMENTS if a["functions"]})
     if args.measure:
         print_measure(measure(chosen))
     elif args.dest:
-        make_handout(args.dest, chosen)
+        make_handout(args.dest, chosen, hidden=args.hidden)
     else:
         parser.error("give a directory to write the handout to, or --measure")
