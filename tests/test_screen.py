@@ -1,7 +1,8 @@
 """report/screen.py's read-out against decoding's own forward, written out here: for each block of
 a row, the gold prefix, then a block of masks, one uncached forward under the hybrid mask; block
 position 0 is read from the causal logits before the block, position j >= 1 from the slot the
-checkpoint's alignment names (the paper: slot j; token shift: slot j - 1)."""
+checkpoint's alignment names (sbd.read_at: the rule itself is tested elsewhere; here, that the
+read-out reads where decoding reads)."""
 
 import os
 
@@ -10,7 +11,7 @@ import torch
 
 from model import dense_mask, load_checkpoint
 from report import screen
-from sbd import hybrid_mask
+from sbd import hybrid_mask, read_at
 from tasks import CharTask
 
 CKPT = os.path.join(os.path.dirname(__file__), "data", "old_sbd.pt")
@@ -28,7 +29,7 @@ def decoded_flags(model, x, answer, k, mask_id, token_shift):
         logits, _ = model(idx, pos=torch.arange(b + kb), mask=mask)
         logits[..., mask_id] = float("-inf")
         for j in range(kb):
-            slot = b - 1 if j == 0 else b + j - int(token_shift)
+            slot = b - 1 if j == 0 else b + int(read_at(j, token_shift))
             flags[b + j] = int(logits[0, slot].argmax()) == int(x[b + j])
     return flags & answer
 
