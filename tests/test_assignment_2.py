@@ -1,10 +1,15 @@
 """
 Assignment 2 (the SBD objective), checks beyond test_training.py: the noise is a function of the
-generator alone (train.py's exact resume depends on it), and the loss sends gradient to the labelled
+generator alone (train.py's exact resume depends on it); the loss sends gradient to the labelled
 positions only, to the clean half not at all when ntp_weight=0 (exact zeros, whatever order the sums
-are taken in).
+are taken in); and the loss of logits whose probabilities are known, at ntp_weight 1, 0.5 and 0, in
+both forms of the logits ((B, T, V), and (N, V) at the labelled slots). Eq. 14 computed slot by
+slot is a hidden test (tests/hidden/test_hidden_training.py).
 """
 
+import math
+
+import pytest
 import torch
 
 import sbd
@@ -45,3 +50,27 @@ def test_loss_reaches_only_labelled_positions():
         assert torch.equal(touched, expected), (
             f"ntp_weight={ntp_weight}: the gradient must reach exactly the labelled slots"
             + (" of the noisy half (weight 0 on the clean half)" if ntp_weight == 0 else ""))
+
+
+def test_loss_of_known_probabilities():
+    """One row, L = 3, T = 5, V = 4. Each labelled slot puts probability p on its label: clean
+    slots 0, 1 (p = 1/2, 1/4), noisy slots 3, 4 (p = 1/8, 1/2); slot 2 is unlabelled. -log p is
+    then ln 2 times 1, 2, 3, 1, and Eq. 14's weighted mean is easy by hand."""
+    labels = torch.tensor([[0, 1, IGNORE_INDEX, 2, 3]])
+    p = [1 / 2, 1 / 4, 1 / 4, 1 / 8, 1 / 2]  # slot 2's is never read
+    logits = torch.empty(1, 5, 4)
+    for t, (label, q) in enumerate(zip([0, 1, 0, 2, 3], p)):
+        logits[0, t] = math.log((1 - q) / 3)  # the other three tokens share 1 - q
+        logits[0, t, label] = math.log(q)
+    ln2 = math.log(2)
+    at = labels != IGNORE_INDEX
+    for form in (logits, logits[at]):  # (B, T, V), and (N, V) at the labelled slots
+        for ntp_weight, expected in ((1.0, 7 / 4), (0.5, (0.5 * 3 + 4) / 3), (0.0, 2.0)):
+            loss, ntp, masked = sbd.sbd_loss(form, labels, 3, ntp_weight)
+            assert loss.item() == pytest.approx(expected * ln2, rel=1e-5), (
+                f"ntp_weight={ntp_weight}: the loss is Σ w·nll / Σ w over the labelled "
+                "slots, w = ntp_weight on the clean half and 1 on the noisy half")
+            assert ntp.item() == pytest.approx(1.5 * ln2, rel=1e-5), (
+                "ntp_loss: the plain mean over the labelled clean slots")
+            assert masked.item() == pytest.approx(2.0 * ln2, rel=1e-5), (
+                "masked_loss: the plain mean over the labelled noisy slots")

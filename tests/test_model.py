@@ -8,7 +8,6 @@ Weights are drawn with std 0.1, five times the training init, so that attention 
 and a wrong mask, position or cache entry moves the logits by 0.1 or more, far beyond the tolerance.
 """
 
-import math
 
 import pytest
 import torch
@@ -201,69 +200,6 @@ def test_sbd_training_mask_phase_1():
 
 # -----------------------------------------------------------------------------
 # 5: Llama-3.1 facts (docs/llama.md)
-
-
-def test_llama31_rope_frequencies():
-    """docs/llama.md's rule with its constants (theta 500000, head_dim 128, scale 8, factors 1
-    and 4, context 8192)."""
-    got = model_lib.rope_frequencies(LlamaConfig()).double()  # (64,)
-    assert got.shape == (64,)
-    expected, kind = [], []
-    for i in range(64):
-        freq = 1.0 / 500000.0 ** (2 * i / 128)
-        wavelen = 2 * math.pi / freq
-        if wavelen < 8192 / 4:
-            expected.append(freq), kind.append("keep")
-        elif wavelen > 8192 / 1:
-            expected.append(freq / 8), kind.append("divide")
-        else:
-            smooth = (8192 / wavelen - 1) / (4 - 1)
-            expected.append((1 - smooth) * freq / 8 + smooth * freq), kind.append("smooth")
-    assert [i for i, c in enumerate(kind) if c == "keep"] == list(range(0, 29))
-    assert [i for i, c in enumerate(kind) if c == "smooth"] == list(range(29, 35))
-    assert [i for i, c in enumerate(kind) if c == "divide"] == list(range(35, 64))
-    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-6,
-                               atol=0.0)
-    # and the three ranges seen in the model's own output
-    base = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
-    torch.testing.assert_close(got[:29], base[:29], rtol=1e-6, atol=0.0)
-    torch.testing.assert_close(got[35:], base[35:] / 8, rtol=1e-6, atol=0.0)
-    assert (got[29:35] < base[29:35] * (1 - 1e-4)).all()
-    assert (got[29:35] > base[29:35] / 8 * (1 + 1e-4)).all()
-
-
-def meta_rotary(x, pos, inv_freq):
-    """Meta's reference: pairs (x[2i], x[2i+1]) as complex numbers times e^{i pos freq_i};
-    x (B, T, h, hd)."""
-    angles = torch.outer(pos.float(), inv_freq)  # (T, hd/2)
-    freqs_cis = torch.polar(torch.ones(len(pos), len(inv_freq)), angles)  # (T, hd/2)
-    x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, h, hd/2)
-    return torch.view_as_real(x_c * freqs_cis[None, :, None, :]).flatten(3)  # (B, T, h, hd)
-
-
-def test_gqa_attention_equals_explicit_head_repetition():
-    m = random_model("llama-tiny", seed=3)
-    c = m.config  # 4 query heads, 2 K/V heads of 16
-    attn = m.layers[0].attention
-    B, T, hd, n_rep = 2, 7, c.head_dim, c.n_heads // c.n_kv_heads
-    x = torch.randn(B, T, c.dim, generator=torch.Generator().manual_seed(0))
-    pos = torch.arange(T)
-    cos, sin = model_lib.rotary_cos_sin(pos, m.inv_freq)
-    got = attn(x, cos, sin, 0, None, None, T)  # (B, T, dim), causal
-
-    q = meta_rotary((x @ attn.wq.weight.T).view(B, T, c.n_heads, hd), pos, m.inv_freq)
-    k = meta_rotary((x @ attn.wk.weight.T).view(B, T, c.n_kv_heads, hd), pos, m.inv_freq)
-    v = (x @ attn.wv.weight.T).view(B, T, c.n_kv_heads, hd)
-    # query head h uses K/V head h // n_rep
-    k, v = k.repeat_interleave(n_rep, dim=2), v.repeat_interleave(n_rep, dim=2)  # (B, T, nh, hd)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    heads = []
-    for h in range(c.n_heads):
-        scores = q[:, :, h] @ k[:, :, h].transpose(1, 2) / math.sqrt(hd)  # (B, T, T)
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)  # (B, T, T)
-        heads.append(probs @ v[:, :, h])  # (B, T, hd)
-    expected = torch.cat(heads, dim=-1) @ attn.wo.weight.T  # (B, T, dim)
-    assert max_diff(got, expected) <= TOL
 
 
 def test_llama31_8b_shapes_and_parameter_count():

@@ -1,10 +1,11 @@
 """
-The reveal rules and the token choice of sampling.py, each checked against its rule written out
-again here by hand: a plain per-row Python loop over sorted lists, slow but obviously the rule in
-the paper.
+The reveal rules and the token choice of sampling.py, by their properties (the extremes of γ and f,
+ties, one mask or none, rows independent of each other) and on distributions worked out by hand.
+The rules written out again as per-row loops are hidden tests
+(tests/hidden/test_hidden_reveal_rules.py): called row by row they would pass for assignment 4's
+solution.
 """
 
-import math
 
 import pytest
 import torch
@@ -12,25 +13,7 @@ import torch
 import sampling
 
 # -----------------------------------------------------------------------------
-# the rules, written out independently, one row at a time
-
-
-def by_hand_entropy(probs, masked, gamma):
-    """EB-Sampler Eq. 8: entropy ascending (ties: lower position); largest s with
-    H_(1)+..+H_(s-1) <= γ."""
-    h = [entropy_of(p) for p in probs]
-    order = sorted((i for i in range(len(h)) if masked[i]), key=lambda i: (h[i], i))
-    return reveal_largest_prefix(order, lambda s: sum(h[i] for i in order[:s - 1]) <= gamma)
-
-
-def by_hand_confidence(probs, masked, gamma):
-    """EB-Sampler Eq. 18: confidence descending (ties: lower position); largest s with
-    H_(1)+..+H_(s) - max(H_(1)..H_(s)) <= γ, entropies in that order."""
-    h = [entropy_of(p) for p in probs]
-    c = [max(p) for p in probs]
-    order = sorted((i for i in range(len(c)) if masked[i]), key=lambda i: (-c[i], i))
-    first = lambda s: [h[i] for i in order[:s]]  # noqa: E731
-    return reveal_largest_prefix(order, lambda s: sum(first(s)) - max(first(s)) <= gamma)
+# inputs
 
 
 def test_confidence_rule_subtracts_the_largest_entropy():
@@ -42,40 +25,6 @@ def test_confidence_rule_subtracts_the_largest_entropy():
     masked = torch.ones(1, 3, dtype=torch.bool)
     assert sampling.entropy_bound(h[order][None], masked, 0.6).tolist() == [[True] * 3]
     assert sampling.entropy_bound(h[order][None], masked, 0.59).tolist() == [[True, True, False]]
-
-
-def by_hand_factor(probs, masked, f):
-    """Fast-dLLM: confidence descending; largest n with (n + 1) * (1 - c_(n)) < f, at least one."""
-    c = [max(p) for p in probs]
-    order = sorted((i for i in range(len(c)) if masked[i]), key=lambda i: (-c[i], i))
-    return reveal_largest_prefix(order, lambda n: n == 1 or (n + 1) * (1 - c[order[n - 1]]) < f)
-
-
-def entropy_of(p):
-    return -sum(x * math.log(x) for x in p if x > 0)
-
-
-def reveal_largest_prefix(order, ok):
-    """Reveal order[:s] for the largest s in 1..len(order) with ok(s); nothing if order is empty."""
-    best = max((s for s in range(1, len(order) + 1) if ok(s)), default=0)
-    revealed = set(order[:best])
-    return revealed
-
-
-BY_HAND = {"entropy": by_hand_entropy, "confidence": by_hand_confidence, "factor": by_hand_factor}
-
-
-def check_against_by_hand(rule, probs, is_masked, threshold):
-    """Run sampling's vectorised rule on the batch and the by-hand rule row by row; they must
-    agree."""
-    reveal = sampling.REVEAL_RULES[rule](probs, is_masked, threshold)  # (B, k)
-    assert reveal.dtype == torch.bool and reveal.shape == is_masked.shape
-    for b in range(probs.size(0)):
-        expected = BY_HAND[rule](probs[b].tolist(), is_masked[b].tolist(), threshold)
-        got = set(torch.nonzero(reveal[b]).flatten().tolist())
-        assert got == expected, (
-            f"rule {rule}, row {b}: revealed {sorted(got)}, by hand {sorted(expected)}")
-    return reveal
 
 
 def random_block(B=6, k=8, V=11, seed=0, p_masked=0.7):
@@ -92,28 +41,7 @@ def random_block(B=6, k=8, V=11, seed=0, p_masked=0.7):
 RULES = ["entropy", "confidence", "factor"]
 
 # -----------------------------------------------------------------------------
-# the rules against the by-hand versions
-
-
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("threshold", [0.0, 0.05, 0.3, 1.0, 3.0, 1e9])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_rule_matches_by_hand(rule, threshold, seed):
-    probs, is_masked = random_block(seed=seed)
-    reveal = check_against_by_hand(rule, probs, is_masked, threshold)
-    assert not (reveal & ~is_masked).any(), "an unmasked position was revealed"
-    has_mask = is_masked.any(dim=1)
-    assert (reveal.sum(dim=1)[has_mask] >= 1).all(), "a row with masks revealed nothing"
-
-
-@pytest.mark.parametrize("rule", RULES)
-def test_thresholds_in_between_vary_the_count(rule):
-    """The by-hand comparison means something: between the extremes, rows reveal different
-    counts."""
-    probs, is_masked = random_block(B=32, seed=3, p_masked=1.0)
-    threshold = {"entropy": 1.0, "confidence": 1.0, "factor": 1.0}[rule]
-    reveal = check_against_by_hand(rule, probs, is_masked, threshold)
-    assert len(set(reveal.sum(dim=1).tolist())) >= 3
+# the rules by their properties
 
 
 @pytest.mark.parametrize("rule", ["entropy", "confidence"])
@@ -176,7 +104,6 @@ def test_ties_keep_lower_position_first(rule):
     reveal = sampling.REVEAL_RULES[rule](probs, is_masked, 0.0)
     assert reveal.tolist() == [[False, True, False, False, False, False],
                                [True] + [False] * (k - 1)]
-    check_against_by_hand(rule, probs, is_masked, 0.0)
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -197,12 +124,6 @@ def test_batch_rows_are_independent(rule):
         alone = sampling.REVEAL_RULES[rule](probs[b:b + 1], is_masked[b:b + 1], 1.0)
         assert torch.equal(alone[0], together[b])
 
-
-@pytest.mark.parametrize("rule", RULES)
-def test_rules_take_float32(rule):
-    """The decoder feeds float32 probabilities; the rule's result is the by-hand one on them."""
-    probs, is_masked = random_block(seed=8)
-    check_against_by_hand(rule, probs.float(), is_masked, 0.7)
 
 # -----------------------------------------------------------------------------
 # token choice
