@@ -253,7 +253,7 @@ def shift_labels(x, is_masked, k, phases):
     p = torch.arange(L, device=x.device).expand(B, L)  # (B, L): the position a label is of
     start = block_id(p, k, phases[:, None]) * k + phases[:, None]  # (B, L): its block's start
     slot = start + shift_read_at(p - start)  # (B, L): the slot decoding reads it at
-    learnt = is_masked & (slot >= start)  # masked, and read inside its own block
+    learnt = is_masked & (slot >= start.clamp(min=0))  # masked, read in its block (and sequence)
     rows = torch.arange(B, device=x.device)[:, None].expand(B, L)  # (B, L)
     labels = torch.full_like(x, IGNORE_INDEX)
     labels[rows[learnt], slot[learnt]] = x[learnt]
