@@ -43,7 +43,8 @@ ASSIGNMENTS = [
             "tests/test_model.py::test_sbd_training_mask_phase_0",
             "tests/test_model.py::test_sbd_training_mask_phase_1",
             "tests/test_training.py::test_training_mask_is_the_worked_example",
-            "tests/test_training.py::test_training_mask_follows_the_rules_per_row_phase",
+            ("tests/hidden/test_hidden_training.py::"
+             "test_training_mask_follows_the_rules_per_row_phase"),
             "tests/test_assignment_1.py::test_block_id_floors_below_the_phase",
             "tests/test_assignment_1.py::test_masks_are_pure_functions_of_query_and_key",
         ]),
@@ -56,9 +57,11 @@ ASSIGNMENTS = [
             "tests/test_training.py::test_labels_of_the_worked_example",
             "tests/test_training.py::test_labels_with_random_noise",
             "tests/test_training.py::test_masking_rate_is_drawn_per_sequence",
-            "tests/test_training.py::test_loss_is_one_cross_entropy_over_all_labelled_positions",
+            ("tests/hidden/test_hidden_training.py::"
+             "test_loss_is_one_cross_entropy_over_all_labelled_positions"),
             "tests/test_assignment_2.py::test_noise_follows_the_generator",
             "tests/test_assignment_2.py::test_loss_reaches_only_labelled_positions",
+            "tests/test_assignment_2.py::test_loss_of_known_probabilities",
         ]),
     dict(
         number=3, title="The exact KV cache with commit", kind="implementation", points=10,
@@ -84,17 +87,19 @@ ASSIGNMENTS = [
         tests=[
             "tests/test_assignment_4.py::test_entropy_of_known_distributions",
             "tests/test_assignment_4.py::test_entropy_bound_by_hand",
-            "tests/test_samplers.py::test_rule_matches_by_hand",
-            "tests/test_samplers.py::test_thresholds_in_between_vary_the_count",
+            "tests/hidden/test_hidden_reveal_rules.py::test_rule_matches_by_hand",
+            "tests/hidden/test_hidden_reveal_rules.py::test_thresholds_in_between_vary_the_count",
             "tests/test_samplers.py::test_gamma_zero_reveals_one_and_huge_gamma_all",
             "tests/test_samplers.py::test_factor_extremes",
             "tests/test_samplers.py::test_factor_rule_is_one_minus_confidence",
             "tests/test_samplers.py::test_ties_keep_lower_position_first",
             "tests/test_samplers.py::test_single_mask_and_no_mask",
             "tests/test_samplers.py::test_batch_rows_are_independent",
-            "tests/test_samplers.py::test_rules_take_float32",
+            "tests/hidden/test_hidden_reveal_rules.py::test_rules_take_float32",
             "tests/test_samplers.py::test_block_sampler_reveals_on_the_temperature_one_distribution",
-            "tests/test_assignment_4.py::test_left_rule_matches_by_hand",
+            "tests/hidden/test_hidden_reveal_rules.py::test_left_rule_matches_by_hand",
+            ("tests/test_assignment_4.py::"
+             "test_left_rule_reveals_a_prefix_in_position_order"),
         ]),
     dict(
         number=5, title="Block decoding (Algorithms 2 and 3)", kind="implementation", points=20,
@@ -104,25 +109,35 @@ ASSIGNMENTS = [
         tests=[
             "tests/test_training.py::test_training_forward_equals_decoding_forward[4-gpt-tiny]",
             "tests/test_training.py::test_training_forward_equals_decoding_forward[5-gpt-tiny]",
-            "tests/test_assignment_5.py::test_decode_block_fills_one_block_and_commits_prev",
-            "tests/test_decoding.py::test_cached_sbd_equals_uncached[1-1-gpt-tiny]",
-            "tests/test_decoding.py::test_cached_sbd_equals_uncached[1-4-gpt-tiny]",
-            "tests/test_decoding.py::test_cached_sbd_equals_uncached[1-16-gpt-tiny]",
-            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-1-gpt-tiny]",
-            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-4-gpt-tiny]",
-            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-16-gpt-tiny]",
-            "tests/test_decoding.py::test_other_rules_cached_equal_uncached",
-            "tests/test_decoding.py::test_paper_first_slot_cached_equals_uncached[1-gpt-tiny]",
-            "tests/test_decoding.py::test_paper_first_slot_cached_equals_uncached[3-gpt-tiny]",
-            "tests/test_assignment_5.py::test_one_token_prompt_has_no_prefill",
+            "tests/test_assignment_5.py::test_blocks_of_one_are_next_token_decoding",
+            ("tests/test_assignment_5.py::"
+             "test_a_drafter_that_is_always_right_fills_a_block_per_forward"),
+            ("tests/test_assignment_5.py::"
+             "test_decoding_goes_on_from_a_committed_block_as_from_a_prompt_that_holds_it"),
+            "tests/test_assignment_5.py::test_a_one_token_prompt_has_nothing_to_prefill",
             "tests/test_decoding.py::test_batch_equals_each_row_alone[gpt-tiny]",
-            "tests/test_decoding.py::test_stop_token_ends_rows_early_and_truncates",
             "tests/test_decoding.py::test_row_stops_without_waiting_for_the_rest_of_its_block",
             "tests/test_decoding.py::test_mask_token_never_in_output[0.0-gpt-tiny]",
             "tests/test_decoding.py::test_mask_token_never_in_output[1.0-gpt-tiny]",
             "tests/test_decoding.py::test_max_new_tokens_not_a_multiple_of_k",
-            "tests/test_decoding.py::test_decoding_may_fill_the_whole_context",
             "tests/test_decoding.py::test_stats_add_up",
+            # hidden: against the uncached reference decoder
+            ("tests/hidden/test_hidden_assignment_5.py::"
+             "test_decode_block_fills_one_block_and_commits_prev"),
+            "tests/hidden/test_hidden_assignment_5.py::test_one_token_prompt_has_no_prefill",
+            "tests/hidden/test_hidden_decoding.py::test_cached_sbd_equals_uncached[1-1-gpt-tiny]",
+            "tests/hidden/test_hidden_decoding.py::test_cached_sbd_equals_uncached[1-4-gpt-tiny]",
+            "tests/hidden/test_hidden_decoding.py::test_cached_sbd_equals_uncached[1-16-gpt-tiny]",
+            "tests/hidden/test_hidden_decoding.py::test_cached_sbd_equals_uncached[3-1-gpt-tiny]",
+            "tests/hidden/test_hidden_decoding.py::test_cached_sbd_equals_uncached[3-4-gpt-tiny]",
+            "tests/hidden/test_hidden_decoding.py::test_cached_sbd_equals_uncached[3-16-gpt-tiny]",
+            "tests/hidden/test_hidden_decoding.py::test_other_rules_cached_equal_uncached",
+            ("tests/hidden/test_hidden_decoding.py::"
+             "test_paper_first_slot_cached_equals_uncached[1-gpt-tiny]"),
+            ("tests/hidden/test_hidden_decoding.py::"
+             "test_paper_first_slot_cached_equals_uncached[3-gpt-tiny]"),
+            "tests/hidden/test_hidden_decoding.py::test_stop_token_ends_rows_early_and_truncates",
+            "tests/hidden/test_hidden_decoding.py::test_decoding_may_fill_the_whole_context",
         ]),
     dict(
         number=6, title="Llama internals: RoPE, GQA, HF's q/k permutation", kind="implementation",
@@ -131,11 +146,10 @@ ASSIGNMENTS = [
                    "model.py:LlamaAttention.forward", "pretrained/load_llama.py:hf_permute",
                    "pretrained/load_llama.py:hf_unpermute"],
         tests=[
-            "tests/test_assignment_6.py::test_llama31_rope_frequencies",
+            "tests/test_assignment_6.py::test_llama31_scaling_keeps_divides_and_interpolates",
             "tests/test_assignment_6.py::test_rope_without_scaling",
-            "tests/test_assignment_6.py::test_apply_rotary_is_meta_rotary",
+            "tests/test_assignment_6.py::test_apply_rotary_turns_each_pair_by_its_angle",
             "tests/test_assignment_6.py::test_apply_rotary_per_row_positions_and_dtype",
-            "tests/test_model.py::test_gqa_attention_equals_explicit_head_repetition",
             "tests/test_llama_io.py::test_hf_permute_by_hand",
             "tests/test_assignment_6.py::test_hf_unpermute_inverts_hf_permute",
             "tests/test_llama_io.py::test_hf_permute_turns_meta_rotary_into_rotate_half",
@@ -147,7 +161,12 @@ ASSIGNMENTS = [
              "test_block_on_cache_equals_full_forward_and_leaves_cache_alone[llama-tiny]"),
             "tests/test_model.py::test_commit_previous_and_new_block_in_one_forward[llama-tiny]",
             "tests/test_training.py::test_training_forward_equals_decoding_forward[4-llama-tiny]",
-            "tests/test_decoding.py::test_cached_sbd_equals_uncached[3-4-llama-tiny]",
+            # hidden: against references written out
+            "tests/hidden/test_hidden_llama.py::test_llama31_rope_frequencies",
+            "tests/hidden/test_hidden_llama.py::test_apply_rotary_is_meta_rotary",
+            "tests/hidden/test_hidden_llama.py::test_gqa_attention_equals_explicit_head_repetition",
+            "tests/hidden/test_hidden_llama.py::test_hf_permute_moves_each_row_where_hf_wants_it",
+            "tests/hidden/test_hidden_decoding.py::test_cached_sbd_equals_uncached[3-4-llama-tiny]",
         ]),
     # experiments: run the reference (or your own solutions), measure, write up; CPU budget <= 15
     # minutes each
@@ -164,6 +183,36 @@ ASSIGNMENTS = [
          builds_on=[1, 2, 3, 4, 5], writeup="11_exact_mode.md", functions=[], tests=[]),
     dict(number=12, title="Why reasoning traces suit SBD", kind="experiment", points=5,
          builds_on=[1, 2, 3, 4, 5], writeup="12_traces.md", functions=[], tests=[]),
+    # a design assignment: the goal is given, the rule is the student's; graded by behaviour
+    dict(
+        number=13, title="Design: token shift", kind="design", points=15,
+        builds_on=[1, 2, 3, 4, 5], writeup="13_token_shift.md",
+        functions=["sbd.py:shift_read_at", "sbd.py:shift_labels"],
+        withheld=["README.md#Token shift and complementary masks",
+                  "docs/method.md#Token shift: the masked-token head starts as the next-token head "
+                  "(not in the paper)",
+                  "docs/findings.md#Token shift and complementary masks: a 200-step screen"],
+        tests=[
+            "tests/test_assignment_13.py::test_labels_never_show_a_slot_its_target",
+            "tests/test_assignment_13.py::test_a_short_run_from_an_ntp_model_learns_fast",
+            "tests/hidden/test_hidden_assignment_13.py::test_decoding_reads_where_training_taught",
+            ("tests/hidden/test_hidden_assignment_13.py::"
+             "test_a_next_token_drafter_drafts_every_token_right"),
+            "tests/hidden/test_hidden_assignment_13.py::test_cached_decoding_equals_uncached",
+        ]),
+    # graded experiments: change the code (or a setting), run a seeded small version, report the
+    # numbers; the grader runs it again (tests/test_experiments.py)
+    dict(number=14, title="Experiment: a leaky training mask", kind="measurement", points=5,
+         builds_on=[1, 2, 3, 4, 5], writeup="14_leaky_mask.md",
+         functions=["assignments/experiments.py:leaky_training_mask"],
+         tests=["tests/test_experiments.py::test_leak_numbers_are_what_the_run_gives",
+                "tests/hidden/test_hidden_experiments.py::test_the_leak_is_the_one_described"]),
+    dict(number=15, title="Experiment: the NTP term, measured", kind="measurement", points=5,
+         builds_on=[1, 2, 3, 4, 5], writeup="15_ntp_term.md", functions=[],
+         tests=["tests/test_experiments.py::test_ntp_numbers_are_what_the_run_gives"]),
+    dict(number=16, title="Experiment: what token shift buys", kind="measurement", points=5,
+         builds_on=[1, 2, 3, 4, 5, 13], writeup="16_shift_measured.md", functions=[],
+         tests=["tests/test_experiments.py::test_shift_numbers_are_what_the_run_gives"]),
 ]
 
 # The graded questions of each implementation assignment (see "questions" above), by assignment
@@ -241,6 +290,11 @@ QUESTIONS = {
 # place, so the student still gets a specification. An entry for a function that has a docstring is
 # an error (stale entry).
 SPECS = {}
+
+# The hidden tests: reference implementations of blanked functions and the checks that use them.
+# A student's handout leaves them out (handout.py); the autograder's copy (--hidden) and CI keep
+# them. grade.py marks a listed test it cannot find here as hidden.
+HIDDEN = "tests/hidden/"
 
 # Files of the repository that a handout leaves out: checks for course staff, not for students.
 STAFF_ONLY = ["tests/test_assignments.py", "tests/test_assignment_leaks.py",

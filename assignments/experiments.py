@@ -131,7 +131,8 @@ def measure(out_dir, own, honest):
     exact = solve(model, task, problems, settings_for(checkpoint, k=8, gamma=ONE_FORWARD,
                                                       exact=True))
     return dict(train_masked=own["train"][1], val_masked=own["val"][1],
-                honest_val_masked=honest["val"][1], ntp_accuracy=ntp["accuracy"], exact_tokens_per_forward=tokens_per_forward(exact))
+                honest_val_masked=honest["val"][1], ntp_accuracy=ntp["accuracy"],
+                exact_tokens_per_forward=tokens_per_forward(exact))
 
 
 def run(name, out=OUT):
@@ -154,10 +155,11 @@ def run(name, out=OUT):
 
 
 # what answers.toml reports, per experiment: question -> [(arm, number)], and each number's
-# tolerance. The tolerances are 4-5x the largest change that rounding alone made (one against two
-# threads, PyTorch's and MKL's AVX2 kernels against AVX-512: losses 0.004, tokens per forward
-# 0.05, accuracy 0.5 points) and far below what another seed or a wrong change gives
-# (assignments/14_leaky_mask.md and the others list both).
+# tolerance. Rounding alone moved the numbers by at most 0.0066 (losses), 0.054 (tokens per
+# forward) and 2 points (NTP accuracy, 4 of 200 problems), measured against the reference's run
+# (one thread, AVX-512) with two threads, with PyTorch's and MKL's AVX2 kernels, and with
+# PyTorch's scalar kernels. The tolerances are 2-3x that, and below the gaps a wrong change makes
+# (each write-up lists both).
 REPORTED = {
     "leak": {"q1": [("leaky", "train_masked"), ("leaky", "val_masked")],
              "q2": [("honest", "val_masked"), ("leaky", "honest_val_masked")]},
@@ -167,8 +169,8 @@ REPORTED = {
     "shift": {"q1": [("paper", "exact_tokens_per_forward"), ("shift", "exact_tokens_per_forward")],
               "q2": [("paper", "val_masked"), ("shift", "val_masked")]},
 }
-TOLERANCE = dict(train_masked=0.02, val_masked=0.02, honest_val_masked=0.02, ntp_accuracy=2.0,
-                 exact_tokens_per_forward=0.2)
+TOLERANCE = dict(train_masked=0.02, val_masked=0.02, honest_val_masked=0.02, ntp_accuracy=4.0,
+                 exact_tokens_per_forward=0.15)
 
 
 def reported(name, results):

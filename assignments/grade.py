@@ -17,9 +17,9 @@ tests, and a listed test with several parametrized cases earns its share in prop
 it passes (a skipped case counts as not passed). List module-level test functions: a test inside a
 class is not found. A listed test in tests/hidden/ that this copy does not have (a student's
 handout leaves the hidden tests out) is not run: it earns nothing here and is marked hidden, and
-the autograder, whose copy has them, runs it. The JSON has one entry per listed test and one per question: {"score",
-"tests": [{"name", "score", "max_score", "output"}]}, plus "execution_time" and each assignment's
-seconds in "extra_data".
+the autograder, whose copy has them, runs it. The JSON has one entry per listed test and one per
+question: {"score", "tests": [{"name", "score", "max_score", "output"}]}, plus "execution_time"
+and each assignment's seconds in "extra_data".
 
 Answers are checked against a salted, slow hash of their canonical form (digest below), so this
 file and assignments.py do not hold them; an answer with few possible values can still be found by

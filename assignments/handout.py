@@ -134,8 +134,8 @@ def withhold_sections(text, path, headings, note):
                 level_of[i] = len(line) - len(line.lstrip("#"))
         found = [i for i in level_of if lines[i].lstrip("#").strip() == heading]
         if len(found) != 1:
-            raise SystemExit(f"error: {path} has {len(found)} sections {heading!r} (renamed? update "
-                             "'withheld' in assignments/assignments.py)")
+            raise SystemExit(f"error: {path} has {len(found)} sections {heading!r} (renamed? "
+                             "update 'withheld' in assignments/assignments.py)")
         start = found[0]
         end = next((i for i in sorted(level_of) if i > start and level_of[i] <= level_of[start]),
                    len(lines))
@@ -175,7 +175,8 @@ def targets_by_file(numbers):
 
 
 def withheld_by_file(numbers):
-    """{file: [(assignment, heading), ...]}: the Markdown sections the chosen assignments withhold."""
+    """{file: [(assignment, heading), ...]}: the Markdown sections that the chosen assignments
+    withhold."""
     by_file = {}
     for a in ASSIGNMENTS:
         if a["number"] in numbers:
