@@ -307,9 +307,10 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     noisy copy after it counts as the noisy half. Logits
     (N, V) are those of the labelled slots only, row by row (model(..., at=labels != IGNORE_INDEX)):
     the same loss without the head's work on unlabelled slots.
-    The loss is a weighted mean: sum(w * nll) / sum(w) over labelled slots, w = ntp_weight on the
-    clean half and 1 on the noisy half. ntp_weight=1 is the paper's single cross-entropy over both
-    halves; ntp_weight=0 drops the NTP term (the paper's ablation, which hurts NTP quality).
+    The loss is Eq. 14 as a weighted mean over the labelled slots, each slot's -log p of its label
+    weighted ntp_weight in the clean half and 1 in the noisy half, divided by the total weight.
+    ntp_weight=1 is the paper's single cross-entropy over both halves; ntp_weight=0 drops the NTP
+    term (the paper's ablation, which hurts NTP quality).
     Returns (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging.
     """
     V, is_labelled = logits.size(-1), labels != IGNORE_INDEX

@@ -1,7 +1,9 @@
 """
 Staff only (STAFF_ONLY in assignments/assignments.py): the structural leak check, which
 tests/test_assignments.py runs on every handout, and the proof that it finds a planted copy of a
-blanked body with its names renamed, reformatted and without comments.
+blanked body with its names renamed, reformatted and without comments. It covers the handout's
+tests too, and the hidden tests' reference implementations (tests/hidden/: reference_sbd, the rules
+by hand, ...), which a student's handout must not hold in any form either.
 """
 
 import ast
@@ -10,7 +12,7 @@ import os
 import re
 import textwrap
 
-from test_assignments import BY_NUMBER, IMPLEMENTED, ROOT, handout
+from test_assignments import BLANKS, BY_NUMBER, ROOT, course, handout
 
 # The structural check: a copy with its variables renamed, reformatted or without comments. A body
 # and every unit of the handout (a function or method, a module's top-level code, a code span of a
@@ -96,13 +98,28 @@ def markdown_units(text, known):
                 break
 
 
-def structural_leaks(directory, numbers, files):
-    """Where the handout's non-test files (in directory) hold a run of RUN nodes of a body blanked
-    for `numbers` -> ["file:qualname: in file:unit"], less the SHARED pairs."""
+def hidden_references():
+    """'file:qualname' of every function and method of the hidden tests that is not a test: the
+    reference implementations and their helpers."""
+    folder = os.path.join(ROOT, course.HIDDEN)
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            found += [f"{course.HIDDEN}{name}:{qualname}" for qualname, _, _ in python_units(tree)
+                      if qualname and not qualname.split(".")[-1].startswith("test_")]
+    return found
+
+
+def structural_leaks(directory, numbers, files, references=()):
+    """Where the handout's files (in directory, its tests included, the hidden tests not) hold a
+    run of RUN nodes of a body blanked for `numbers`, or of a hidden reference ('file:qualname' in
+    references) -> ["file:qualname: in file:unit"], less the SHARED pairs."""
     grams, known = {}, set(dir(builtins))
     sources = {}
     for path in files:
-        if path.startswith("tests/") or not path.endswith((".py", ".md")):
+        if path.startswith(course.HIDDEN) or not path.endswith((".py", ".md")):
             continue
         with open(os.path.join(directory, path), encoding="utf-8", errors="replace") as f:
             sources[path] = f.read()
@@ -121,17 +138,17 @@ def structural_leaks(directory, numbers, files):
             for i in range(len(tokens) - RUN + 1):
                 grams.setdefault(tuple(tokens[i:i + RUN]), set()).add(f"{path}:{name}")
     found = []
-    for n in numbers:
-        for function in BY_NUMBER[n]["functions"]:
-            path, qualname = function.split(":")
-            with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-                node = handout.find_function(ast.parse(f.read()), qualname)
-            body = node.body[1:] if handout.docstring_of(node) is not None else node.body
-            tokens = structure(body, own_names(node))
-            where = set().union(*(grams.get(tuple(tokens[i:i + RUN]), set())
-                                  for i in range(len(tokens) - RUN + 1)))
-            found += [f"{function}: in {unit}" for unit in sorted(where)
-                      if (function, unit) not in SHARED]
+    bodies = [f for n in numbers for f in BY_NUMBER[n]["functions"]] + list(references)
+    for function in bodies:
+        path, qualname = function.split(":")
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            node = handout.find_function(ast.parse(f.read()), qualname)
+        body = node.body[1:] if handout.docstring_of(node) is not None else node.body
+        tokens = structure(body, own_names(node))
+        where = set().union(*(grams.get(tuple(tokens[i:i + RUN]), set())
+                              for i in range(len(tokens) - RUN + 1)))
+        found += [f"{function}: in {unit}" for unit in sorted(where)
+                  if (function, unit) not in SHARED]
     return found
 
 
@@ -155,7 +172,7 @@ def test_the_structural_check_finds_a_renamed_copy(tmp_path):
     and a Markdown file with one as a code block are each found; the one-line bodies shorter than
     RUN nodes are exactly those the check leaves to the line check."""
     copies, small = [], []
-    for function in (f for n in IMPLEMENTED for f in BY_NUMBER[n]["functions"]):
+    for function in (f for n in BLANKS for f in BY_NUMBER[n]["functions"]):
         path, qualname = function.split(":")
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             node = handout.find_function(ast.parse(f.read()), qualname)
@@ -167,9 +184,9 @@ def test_the_structural_check_finds_a_renamed_copy(tmp_path):
         node.name, node.decorator_list = f"helper_{len(copies)}", []
         copies.append((function, ast.unparse(node)))
     assert sorted(small) == ["model.py:causal_mask", "sampling.py:entropy", "sbd.py:block_id",
-                             "sbd.py:hybrid_mask"]
+                             "sbd.py:hybrid_mask", "sbd.py:shift_read_at"]
     (tmp_path / "planted.py").write_text("\n\n".join(code for _, code in copies) + "\n")
-    found = structural_leaks(tmp_path, IMPLEMENTED, ["planted.py"])
+    found = structural_leaks(tmp_path, BLANKS, ["planted.py"])
     assert {f.split(": in ")[0] for f in found} == {function for function, _ in copies}
     assert all(": in planted.py:helper_" in f for f in found), found
     decode_block = next(code for function, code in copies if function.endswith(":decode_block"))
@@ -177,3 +194,27 @@ def test_the_structural_check_finds_a_renamed_copy(tmp_path):
     (tmp_path / notes).write_text(f"A loop:\n\n```python\n{decode_block}\n```\n")
     found = structural_leaks(tmp_path, [5], [notes])
     assert found == [f"generate.py:decode_block: in {notes}:code span 0"], found
+
+
+def test_the_check_finds_a_hidden_reference_in_a_handouts_tests(tmp_path):
+    """A renamed copy of the hidden tests' reference decoder, planted in a test file of a
+    handout, is found; so is the uncached block logits helper, which the reference calls."""
+    references = hidden_references()
+    assert {f"{course.HIDDEN}test_hidden_decoding.py:reference_sbd",
+            f"{course.HIDDEN}test_hidden_decoding.py:uncached_block_logits",
+            f"{course.HIDDEN}test_hidden_token_shift.py:reference_shifted_sbd",
+            f"{course.HIDDEN}test_hidden_reveal_rules.py:by_hand_entropy",
+            f"{course.HIDDEN}test_hidden_llama.py:meta_rotary"} <= set(references)
+    planted = []
+    for name in ("reference_sbd", "uncached_block_logits"):
+        with open(os.path.join(ROOT, course.HIDDEN, "test_hidden_decoding.py")) as f:
+            node = handout.find_function(ast.parse(f.read()), name)
+        node.body = node.body[1:]  # no docstring
+        node = Rename(own_names(node)).visit(node)
+        node.name, node.decorator_list = f"helper_{name}", []
+        planted.append(ast.unparse(node))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_planted.py").write_text("\n\n".join(planted) + "\n")
+    found = structural_leaks(tmp_path, [], ["tests/test_planted.py"], references)
+    assert {f.split(": in ")[0].split(":")[1] for f in found} >= {"reference_sbd",
+                                                                   "uncached_block_logits"}, found

@@ -194,7 +194,8 @@ def reference_answers():
 def test_question_answers_are_the_reference_codes():
     """Every stored digest is that of the answer the reference code gives now (a change of the
     code that changes an answer fails here), and answers_reference.toml says the same."""
-    stored = reference_answers()
+    stored = {qid: value for qid, value in reference_answers().items()
+              if int(qid.split(".")[0]) in course.QUESTIONS}  # not the experiments' numbers
     questions = [q for n in IMPLEMENTED for q in course.QUESTIONS[n]]
     assert sorted(QUESTION_ANSWERS) == sorted(q["id"] for q in questions) == sorted(stored)
     for q in questions:

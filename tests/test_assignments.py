@@ -66,6 +66,8 @@ course = load("course_list", "assignments.py")
 grader = load("course_grade", "grade.py")
 handout = load("course_handout", "handout.py")
 IMPLEMENTED = [a["number"] for a in course.ASSIGNMENTS if a["kind"] == "implementation"]
+GRADED = [a["number"] for a in course.ASSIGNMENTS if a["tests"]]  # graded by grade.py
+BLANKS = [a["number"] for a in course.ASSIGNMENTS if a["functions"]]  # a handout blanks these
 BY_NUMBER = {a["number"]: a for a in course.ASSIGNMENTS}
 ON_MAIN_PATH = {1, 2, 3, 4, 5}  # what train.py config/sbd_small.py runs (never a Llama: not 6)
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
@@ -76,11 +78,13 @@ def run(args, cwd, timeout=300):
                           timeout=timeout)
 
 
-def make_handout(dest, numbers):
+def make_handout(dest, numbers, hidden=True):
     """-> (directory, blanked assignment numbers, the files handout.py wrote, relative to the
-    directory)."""
+    directory). hidden: the autograder's copy, with the hidden tests (the grading checks run
+    there); a student's copy has none."""
     done = run([os.path.join(ROOT, "assignments", "handout.py"), str(dest),
-                "--assignments", ",".join(map(str, numbers))], cwd=ROOT)
+                "--assignments", ",".join(map(str, numbers))] + (["--hidden"] if hidden else []),
+               cwd=ROOT)
     assert done.returncode == 0, done.stderr
     files = [os.path.relpath(os.path.join(folder, f), dest)
              for folder, _, names in os.walk(dest) for f in names]
@@ -89,12 +93,16 @@ def make_handout(dest, numbers):
 
 @pytest.fixture(scope="module")
 def handouts(tmp_path_factory):
-    """{name: make_handout(...)} for 'only n', 'after n' (n before the last) and 'all'."""
+    """{name: make_handout(...)} for 'only n', 'after n' (when something after n is blanked),
+    'all', and 'student' (all blanked, no hidden tests: what a student gets)."""
     base = tmp_path_factory.mktemp("handouts")
-    made = {f"only {n}": make_handout(base / f"only_{n}", [n]) for n in IMPLEMENTED}
-    for n in IMPLEMENTED[:-1]:
-        made[f"after {n}"] = make_handout(base / f"after_{n}", [m for m in IMPLEMENTED if m > n])
-    made["all"] = make_handout(base / "all", IMPLEMENTED)
+    made = {f"only {n}": make_handout(base / f"only_{n}", [n]) for n in GRADED}
+    for n in GRADED:
+        later = [m for m in BLANKS if m > n]
+        if later:
+            made[f"after {n}"] = make_handout(base / f"after_{n}", later)
+    made["all"] = make_handout(base / "all", BLANKS)
+    made["student"] = make_handout(base / "student", BLANKS, hidden=False)
     return made
 
 
@@ -120,32 +128,39 @@ def is_question(entry):
     return ": question " in entry["name"]
 
 
-@pytest.mark.parametrize("n", IMPLEMENTED)
+@pytest.mark.parametrize("n", GRADED)
 def test_a_stub_never_passes(n, handouts, tmp_path):
-    """A stub scores 0: every test fails with the assignment's NotImplementedError, and the
-    handout's blank answers.toml earns no question's points."""
+    """A stub scores 0: every test fails with the assignment's NotImplementedError (an experiment
+    without code to write: its numbers are not answered), and the handout's blank answers.toml
+    earns no question's points."""
     results, table = grade(handouts[f"only {n}"][0], [n], tmp_path)
     assert results["score"] == 0, table
     questions = [t for t in results["tests"] if is_question(t)]
-    assert len(questions) == len(course.QUESTIONS[n]) >= 2, table
+    assert len(questions) == len(course.QUESTIONS.get(n, [])), table
+    assert len(questions) >= 2 or BY_NUMBER[n]["kind"] != "implementation", table
     assert all(t["output"].startswith("not answered") for t in questions), table
     for t in results["tests"]:
-        if not is_question(t):
+        if is_question(t):
+            continue
+        if BY_NUMBER[n]["functions"]:
             assert "NotImplementedError" in t["output"] and f"assignment {n}: " in t["output"], t
+        else:
+            assert "not answered" in t["output"], t
 
 
-@pytest.mark.parametrize("n", IMPLEMENTED)
+@pytest.mark.parametrize("n", GRADED)
 def test_full_points_without_any_later_assignment(n, handouts, tmp_path):
-    """n's tests pass, in under 20 s, on a handout where every assignment after n is blanked: so
-    they need nothing later, and they pass on the reference (the code they run is the
-    reference's). After the last assignment nothing is blanked: its handout is the repository
-    itself."""
-    root = handouts[f"after {n}"][0] if n != IMPLEMENTED[-1] else ROOT
+    """n's tests pass, in under 20 s (a graded experiment: in under 2 minutes, its budget), on a
+    handout where every assignment after n is blanked: so they need nothing later, and they pass
+    on the reference (the code they run is the reference's). When nothing after n is blanked, its
+    handout is the repository itself."""
+    root = handouts[f"after {n}"][0] if f"after {n}" in handouts else ROOT
     results, table = grade(root, [n], tmp_path, answers=REFERENCE_ANSWERS)
     assert results["score"] == BY_NUMBER[n]["points"], table
     assert all(t["score"] == t["max_score"] for t in results["tests"]), table
-    assert len(results["tests"]) == len(BY_NUMBER[n]["tests"]) + len(course.QUESTIONS[n])
-    assert results["extra_data"]["seconds"][str(n)] < 20, table
+    assert len(results["tests"]) == len(BY_NUMBER[n]["tests"]) + len(course.QUESTIONS.get(n, []))
+    budget = 120 if BY_NUMBER[n]["kind"] == "measurement" else 20
+    assert results["extra_data"]["seconds"][str(n)] < budget, table
 
 # -----------------------------------------------------------------------------
 # what a handout holds
@@ -206,11 +221,13 @@ def test_no_solution_leaks(handouts, tmp_path):
 
 
 def test_no_structural_copy_of_a_solution(handouts):
-    """No renamed or reformatted copy of a blanked body (tests/test_assignment_leaks.py)."""
-    from test_assignment_leaks import structural_leaks  # imports this module
+    """No renamed or reformatted copy of a blanked body, tests included, and in a student's
+    handout none of a hidden reference either (tests/test_assignment_leaks.py)."""
+    from test_assignment_leaks import hidden_references, structural_leaks  # imports this module
 
     for name, (directory, numbers, files) in handouts.items():
-        assert structural_leaks(directory, numbers, files) == [], f"handout {name!r}"
+        references = hidden_references() if name == "student" else ()
+        assert structural_leaks(directory, numbers, files, references) == [], f"handout {name!r}"
 
 
 def test_handout_imports_collects_and_keeps_the_rest(handouts):
@@ -229,12 +246,71 @@ def test_handout_imports_collects_and_keeps_the_rest(handouts):
                cwd=directory)
     assert done.returncode == 0, done.stdout[-3000:]
     # unblanked files: as they are
-    for f in ("train.py", "README.md", "tests/test_model.py", "assignments/grade.py"):
+    for f in ("train.py", "docs/llama.md", "tests/test_model.py", "assignments/grade.py"):
         with open(os.path.join(ROOT, f)) as a, open(os.path.join(directory, f)) as b:
             assert a.read() == b.read(), f
     assert not os.path.exists(os.path.join(directory, ".git"))
     assert not os.path.exists(os.path.join(directory, ".venv"))
     assert not any(os.path.exists(os.path.join(directory, f)) for f in course.STAFF_ONLY)
+
+
+# what the repository says of token shift's rule, in words a student's handout must not hold while
+# it blanks assignment 13 (handout.py withholds the sections that said it; kept here, staff only)
+GIVEAWAYS = ["slot j - 1", "slot j-1", "int(token_shift)", "i + 1 of its block", "learns x_{i+1}",
+             "slot i with x_{i+1}", "position j + 1", "token i + 1", "from block slot j",
+             "predicts the next token of", "the next one)"]
+
+
+def test_a_students_handout_holds_no_hidden_test_and_no_design_answer(handouts, tmp_path):
+    """A student's handout has no tests/hidden/ and no STAFF_ONLY file; the sections a design
+    assignment withholds say so in one line, and no file states the design's answer in words;
+    grade.py marks the hidden tests it cannot run as hidden."""
+    directory, _, files = handouts["student"]
+    assert not any(f.startswith(course.HIDDEN) for f in files)
+    assert not any(os.path.exists(os.path.join(directory, f)) for f in course.STAFF_ONLY)
+    texts = {}
+    for f in files:
+        if f.endswith((".py", ".md", ".toml", ".txt")):
+            with open(os.path.join(directory, f), encoding="utf-8", errors="replace") as fh:
+                texts[f] = " ".join(fh.read().split()).lower()
+    for entry in BY_NUMBER[13]["withheld"]:
+        path, heading = entry.split("#", 1)
+        assert f"{heading.lower()} withheld in this handout: assignment 13" in texts[path], entry
+    said = [(f, phrase) for f, text in texts.items() for phrase in GIVEAWAYS if phrase in text]
+    assert said == [], "a student's handout states token shift's rule"
+    with open(os.path.join(ROOT, "README.md")) as fh:  # the check can fail: the repository says it
+        assert any(phrase in " ".join(fh.read().split()).lower() for phrase in GIVEAWAYS)
+    results, table = grade(directory, [14], tmp_path)
+    hidden = [t for t in results["tests"] if t["name"].endswith("(hidden)")]
+    assert len(hidden) == 1 and hidden[0]["output"].startswith("hidden"), table
+    assert "hidden: tests this copy does not have" in table, table
+
+
+def test_the_papers_rule_fails_the_design_with_messages_that_teach(handouts, tmp_path):
+    """Assignment 13 answered with the paper's rule (a slot predicts its own position): no leak,
+    training and decoding agree, the cache is exact; the short run and the next-token drafter
+    fail, each saying in words what went wrong."""
+    directory = tmp_path / "paper"
+    shutil.copytree(handouts["only 13"][0], directory)
+    path = directory / "sbd.py"
+    text = path.read_text()
+    for name, body in (("sbd.py:shift_read_at", "return j"),
+                       ("sbd.py:shift_labels", "return torch.where(is_masked, x, IGNORE_INDEX)")):
+        stub = f'raise NotImplementedError("assignment 13: {name}")'
+        assert text.count(stub) == 1
+        text = text.replace(stub, body)
+    path.write_text(text)
+    results, table = grade(directory, [13], tmp_path)
+    # the message: the first line of each failure's output (the traceback follows it)
+    failed = {t["name"].split("::")[1].split(" ")[0]: t["output"].splitlines()[0]
+              for t in results["tests"] if t["score"] < t["max_score"]}
+    assert sorted(failed) == ["test_a_next_token_drafter_drafts_every_token_right",
+                              "test_a_short_run_from_an_ntp_model_learns_fast"], table
+    assert "which token does a slot of the pretrained model predict" in (
+        failed["test_a_short_run_from_an_ntp_model_learns_fast"]), table
+    assert "decoding reads block positions at slots that do not predict them" in (
+        failed["test_a_next_token_drafter_drafts_every_token_right"]), table
+    assert "tensor(" not in "".join(failed.values()), "a message in words, not a tensor diff"
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +323,7 @@ def addition_data(handouts):
     return os.path.join(directory, "data", "addition")
 
 
-@pytest.mark.parametrize("name", ["all"] + [f"only {n}" for n in IMPLEMENTED])
+@pytest.mark.parametrize("name", ["all"] + [f"only {n}" for n in BLANKS])
 def test_main_command_fails_only_with_the_assignment(name, handouts, addition_data, tmp_path):
     directory, numbers, _ = handouts[name]
     for f in os.listdir(addition_data):
@@ -275,7 +351,7 @@ def writeup(a):
 
 def test_the_list_is_consistent():
     assert [a["number"] for a in course.ASSIGNMENTS] == list(range(1, len(course.ASSIGNMENTS) + 1))
-    assert len(IMPLEMENTED) >= 6 and len(course.ASSIGNMENTS) - len(IMPLEMENTED) >= 3
+    assert len(IMPLEMENTED) >= 6 and len(course.ASSIGNMENTS) - len(GRADED) >= 3
     functions = [f for a in course.ASSIGNMENTS for f in a["functions"]]
     assert len(functions) == len(set(functions)), "a function in two assignments"
     assert set(course.SPECS) <= set(functions)
@@ -287,7 +363,10 @@ def test_the_list_is_consistent():
         text = writeup(a)
         for name in a["functions"]:
             assert name in text, f"{a['writeup']} does not mention {name}"
-        assert bool(a["tests"]) == (a["kind"] == "implementation")
+        graded = a["kind"] in ("implementation", "design", "measurement")
+        assert bool(a["tests"]) == graded, a["number"]
+        assert (a["number"] in course.QUESTIONS) == (a["kind"] == "implementation"), a["number"]
+        assert not a.get("withheld") or a["kind"] == "design", a["number"]
 
 # -----------------------------------------------------------------------------
 # the write-ups against the code and the grader
@@ -413,6 +492,8 @@ def writeup_problems(a, text):
     if title is None or title.groups() != (str(a["number"]), str(a["points"])):
         problems.append(f"the title line should be '# Assignment {a['number']}: ... "
                         f"({a['points']} points)'")
+    if not a["functions"]:  # an experiment without code to write: no signature block
+        return problems
     try:
         stated = stated_functions(text)
     except (SyntaxError, ValueError) as e:
@@ -472,15 +553,17 @@ def collected():
 @pytest.fixture(scope="module")
 def measured():
     return {n: (student, sum(helpers.values()))
-            for n, student, helpers in handout.measure(IMPLEMENTED)}
+            for n, student, helpers in handout.measure(BLANKS)}
 
 
-@pytest.mark.parametrize("n", IMPLEMENTED)
+@pytest.mark.parametrize("n", GRADED)
 def test_writeup_states_the_code(n, collected, measured):
     a = BY_NUMBER[n]
     text = writeup(a)
     problems = writeup_problems(a, text) + count_problems(a, text, collected)
-    assert problems + size_problems(a, text, measured[n]) == []
+    if a["functions"]:
+        problems += size_problems(a, text, measured[n])
+    assert problems == []
 
 
 def test_the_writeup_checks_can_fail(collected, measured):
@@ -546,6 +629,12 @@ def shape_example(name):
         "sbd.py:sbd_layout": lambda: (
             dict(x=x, y=x, mask_id=99, masks=[answer & (x % 2 == 0)], k=4, phases=phases,
                  noisy_start=4), dict(T=2 * 10 - 4)),
+        "sbd.py:shift_read_at": lambda: (dict(j=torch.arange(6)), {}),
+        "sbd.py:shift_labels": lambda: (
+            dict(x=x, is_masked=answer & (x % 2 == 0), k=4, phases=phases), {}),
+        "assignments/experiments.py:leaky_training_mask": lambda: (
+            dict(q=torch.arange(8)[None, :, None], kv=torch.arange(8)[None, None, :], L=6, k=4,
+                 phase=phases[:, None, None], noisy_start=4), {}),
         "sbd.py:sbd_loss": lambda: (
             dict(logits=torch.randn(2, 9, 7), labels=torch.randint(0, 7, (2, 9)), L=6), {}),
         "model.py:KVCache.extend": lambda: (
