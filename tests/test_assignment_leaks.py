@@ -99,16 +99,18 @@ def markdown_units(text, known):
 
 
 def hidden_references():
-    """'file:qualname' of every function and method of the hidden tests that is not a test: the
-    reference implementations and their helpers."""
+    """'file:function' of the reference implementations in the hidden tests: their module-level
+    functions that compute something (no test, no assert: a checker is no solution; a class is
+    a test double)."""
     folder = os.path.join(ROOT, course.HIDDEN)
     found = []
     for name in sorted(os.listdir(folder)):
         if name.endswith(".py"):
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 tree = ast.parse(f.read())
-            found += [f"{course.HIDDEN}{name}:{qualname}" for qualname, _, _ in python_units(tree)
-                      if qualname and not qualname.split(".")[-1].startswith("test_")]
+            found += [f"{course.HIDDEN}{name}:{node.name}" for node in tree.body
+                      if isinstance(node, ast.FunctionDef) and not node.name.startswith("test_")
+                      and not any(isinstance(n, ast.Assert) for n in ast.walk(node))]
     return found
 
 
