@@ -38,8 +38,8 @@ def test_blocks_of_one_are_next_token_decoding():
 
 class AlwaysRight(torch.nn.Module):
     """A model whose causal logits are the real model's and whose block slots predict, with
-    certainty, script[b][p] at position p: a drafter that is always right (script: prompt + greedy
-    NTP's tokens, per row)."""
+    certainty, script[b][p] at position p: a drafter that is always right (script: per row, the
+    prompt and greedy NTP's tokens)."""
 
     def __init__(self, inner, script):
         super().__init__()
@@ -51,13 +51,14 @@ class AlwaysRight(torch.nn.Module):
 
     def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
         n_commit = idx.size(1) if n_commit is None else n_commit
+        if pos is None:  # the model's own: the slots after the cached ones
+            pos = torch.arange(cache.length, cache.length + idx.size(1))
         logits, loss = self.inner(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
-        first = cache.length - n_commit if cache is not None else 0  # position of idx[:, 0]
         logits = logits.clone()
-        for b in range(idx.size(0)):
+        for b, positions in enumerate(pos.expand(idx.size(0), -1).tolist()):  # (B, T)
             for i in range(n_commit, idx.size(1)):
                 logits[b, i] = -1e4
-                logits[b, i, self.script[b][first + i]] = 1e4
+                logits[b, i, self.script[b][positions[i]]] = 1e4
         return logits, loss
 
 

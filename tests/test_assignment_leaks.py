@@ -204,7 +204,7 @@ def test_the_check_finds_a_hidden_reference_in_a_handouts_tests(tmp_path):
     references = hidden_references()
     assert {f"{course.HIDDEN}test_hidden_decoding.py:reference_sbd",
             f"{course.HIDDEN}test_hidden_decoding.py:uncached_block_logits",
-            f"{course.HIDDEN}test_hidden_token_shift.py:reference_shifted_sbd",
+            f"{course.HIDDEN}test_hidden_assignment_13.py:uncached_shifted_sbd",
             f"{course.HIDDEN}test_hidden_reveal_rules.py:by_hand_entropy",
             f"{course.HIDDEN}test_hidden_llama.py:meta_rotary"} <= set(references)
     planted = []
