@@ -220,3 +220,64 @@ def test_the_check_finds_a_hidden_reference_in_a_handouts_tests(tmp_path):
     found = structural_leaks(tmp_path, [], ["tests/test_planted.py"], references)
     assert {f.split(": in ")[0].split(":")[1] for f in found} >= {"reference_sbd",
                                                                    "uncached_block_logits"}, found
+
+
+# The write-ups: no code span states an expression of a blanked body. Every expression of a body
+# that computes (an operator, an attribute, a subscript) and has EXPR nodes or more, its own names
+# and constants abstracted as above, is compared with every expression in the write-ups' code
+# spans. A write-up may name a function with its parameters, a shape or a helper, but not hand over
+# a piece of the solution. EXPR = 6 finds the paper's label rule, a single torch.where.
+EXPR = 6
+COMPUTES = {"BinOp", "BoolOp", "Compare", "UnaryOp", "Subscript"}
+
+
+def expressions(nodes, own):
+    """The structure of every expression under the statements that computes, of EXPR tokens or
+    more."""
+    found = set()
+    for node in (n for statement in nodes for n in ast.walk(statement)):
+        if isinstance(node, ast.expr):
+            tokens = tuple(structure([ast.Expr(value=node)], own))[1:]  # without the Expr
+            computes = any(t in COMPUTES or t.startswith(".") for t in tokens)
+            if len(tokens) >= EXPR and computes:
+                found.add(tokens)
+    return found
+
+
+def writeup_expressions_of_solutions(writeups, numbers):
+    """["writeup: code span i"] whose code holds an expression of a body blanked for numbers."""
+    bodies = set()
+    for n in numbers:
+        for function in BY_NUMBER[n]["functions"]:
+            path, qualname = function.split(":")
+            with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+                node = handout.find_function(ast.parse(f.read()), qualname)
+            body = node.body[1:] if handout.docstring_of(node) is not None else node.body
+            bodies |= expressions(body, own_names(node))
+    known = set(dir(builtins))  # the repository's globals keep their names, as in the bodies
+    for path in {f.split(":")[0] for n in numbers for f in BY_NUMBER[n]["functions"]}:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        known |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                  if isinstance(t, ast.Name)}
+        known |= {n.name for n in tree.body if isinstance(n, handout.DEFINITIONS)}
+        known |= {(a.asname or a.name).split(".")[0] for n in tree.body
+                  if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    found = []
+    for name, text in writeups.items():
+        for unit, nodes, own in markdown_units(text, known):
+            if expressions(nodes, own) & bodies:
+                found.append(f"{name}: {unit}")
+    return found
+
+
+def test_no_writeup_states_a_solution_expression(tmp_path):
+    """Every write-up, against the bodies of every assignment; and the check finds a line of a
+    body written into a write-up's prose as inline code."""
+    writeups = {}
+    for a in course.ASSIGNMENTS:
+        with open(os.path.join(ROOT, "assignments", a["writeup"]), encoding="utf-8") as f:
+            writeups[a["writeup"]] = f.read()
+    assert writeup_expressions_of_solutions(writeups, BLANKS) == []
+    planted = {"planted": "Label the slots `torch.where(is_masked, x, IGNORE_INDEX)` and go on."}
+    assert writeup_expressions_of_solutions(planted, [2]) == ["planted: code span 0"]
