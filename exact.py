@@ -15,9 +15,10 @@ predictions as the draft model:
 So the greedy output is greedy NTP's, token for token, and the sampled output is distributed as NTP
 sampling's; γ and the block size only trade forwards on rejected drafts against tokens per forward.
 
-Rows of a batch keep different numbers of drafts, so each row has its own cache length (RowCache),
-and all rows run their forwards in lockstep: a forward feeds every row's pending tokens and block,
-padded to the widest row, and its mask (exact_mask) hides the padding.
+Rows of a batch keep different numbers of drafts, so each row has its own cache length (the static
+cache's lengths, model.KVCache), and all rows run their forwards in lockstep: a forward feeds every
+row's pending tokens and block, one after the other, padded at the end to the widest row, and its
+mask (sbd.cache_mask) hides the padding.
 
     tokens, stats = exact_generate(model, prompts, DecodeSettings(mask_id=31, exact=True), 64)
 """
@@ -33,6 +34,7 @@ from generate import (
     Step,
     check_mask_id,
     check_prompt,
+    decode_forward,
     hybrid_forward,
     new_cache,
     ntp_generate,
@@ -41,96 +43,10 @@ from generate import (
     sbd_generate,
     stop_reached,
 )
-from model import KVCache
 from sampling import ONE_FORWARD, filter_logits, greedy, reveal_step, sample, suppress_mask
-from sbd import block_predictions, hybrid_mask, read_at
+from sbd import block_predictions, read_at
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
-
-
-class RowCache(KVCache):
-    """A KV cache (the model's KVCache's buffers, (B, n_kv_head, max_len, head_dim) per layer) in
-    which row b's committed tokens sit in slots [0, lengths[b]). With equal lengths (always at
-    batch 1) a forward is KVCache's; else row b's T new keys go to slots [lengths[b], lengths[b] +
-    T), attending over [0, max(lengths) + T): the caller's mask hides the stale slots. commit(n)
-    commits every row's first n new tokens; forget(b, n) drops a surplus (padding, drafts)."""
-
-    def __init__(self, cache, batch_size):
-        self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
-        self.lengths = [0] * batch_size  # host ints: the decoder reads them every forward anyway
-        self.common = 0  # the rows' common length, None while they differ (kept, not recounted)
-        self.index = None  # (B, 1, T, 1) slots of the new tokens, made once per forward
-
-    @property
-    def length(self):
-        """The common length, while every row has the same (the prefill's default path)."""
-        if self.common is None:
-            raise ValueError("rows have different cache lengths: pass positions and a mask")
-        return self.common
-
-    def extend(self, layer, k_new, v_new, n_commit):
-        if self.common is not None:
-            return super().extend(layer, k_new, v_new, n_commit)
-        B, H, T, D = k_new.shape
-        end = max(self.lengths) + T
-        if end > self.max_len:
-            raise ValueError(f"KV cache full: {end} slots needed, max_len {self.max_len}")
-        if self.index is None or self.index.size(2) != T:
-            start = torch.tensor(self.lengths, device=k_new.device)[:, None]  # (B, 1)
-            self.index = (start + torch.arange(T, device=k_new.device))[:, None, :, None]
-        index = self.index.expand(B, H, T, D)  # (B, H, T, D): row b's slots start at its length
-        self.k[layer].scatter_(2, index, k_new)
-        self.v[layer].scatter_(2, index, v_new)
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def commit(self, n):
-        self.lengths = [length + n for length in self.lengths]
-        self.common, self.index = None if self.common is None else self.common + n, None
-
-    def forget(self, row, n):
-        """Row `row` drops its last n committed tokens (they become scratch)."""
-        self.lengths[row] -= n
-        self.common = self.lengths[0] if len(set(self.lengths)) == 1 else None
-
-
-def slot_roles(i, n_prev, kb, P):
-    """For slot i of a lockstep forward (P pending slots, then block slots), with the row's n_prev
-    pending tokens and kb block slots: (is it one of the row's tokens, its index among them)."""
-    real = (i < n_prev) | (i >= P) & (i < P + kb)
-    return real, torch.where(i < P, i, i - P + n_prev)
-
-
-def exact_mask(q, kv, n_cached, n_prev, kb, P):
-    """Mask of one lockstep forward for one row (True = may attend); pure in (q, kv).
-
-    The forward feeds P slots of pending tokens (the row's n_prev, then padding), then block slots
-    (the row's kb, then padding); q is such a slot, kv a cache slot, and the forward's tokens are
-    written from cache slot n_cached on. Without the padding this is hybrid_mask over [cache ;
-    pending ; block]: each slot is mapped to its index among the row's new tokens, padding sees
-    only itself (a query seeing no key makes softmax NaN), nothing sees padding or stale slots."""
-    t = kv - n_cached  # which new token key kv holds (< 0: a committed one)
-    real_q, q_new = slot_roles(q, n_prev, kb, P)
-    real_kv, kv_new = slot_roles(t, n_prev, kb, P)
-    return real_q & real_kv & hybrid_mask(q_new, kv_new, n_prev) | (t == q)
-
-
-def lockstep_inputs(cache, pending, n_prev, block, kb):
-    """Tokens (B, T), positions (B, T) and mask (B, T, S) of one lockstep forward.
-
-    pending (B, P) and block (B, K) are padded; row b uses n_prev[b] and kb[b] of them. A row's
-    tokens take the positions they have alone; padding takes position 0 (nothing reads it)."""
-    device = pending.device
-    P, K = pending.size(1), block.size(1)
-    tokens = torch.cat([pending, block], dim=1)  # (B, T)
-    n_cached = torch.tensor(cache.lengths, device=device)[:, None, None]  # (B, 1, 1)
-    q = torch.arange(P + K, device=device)[None, :, None]  # (1, T, 1)
-    kv = torch.arange(max(cache.lengths) + P + K, device=device)[None, None, :]  # (1, 1, S)
-    n_prev = torch.as_tensor(n_prev, device=device)[:, None, None]
-    kb = torch.as_tensor(kb, device=device)[:, None, None]
-    mask = exact_mask(q, kv, n_cached, n_prev, kb, P)  # (B, T, S)
-    real, index = slot_roles(q, n_prev, kb, P)  # (B, T, 1)
-    pos = torch.where(real, n_cached + index, 0)[:, :, 0]  # (B, T)
-    return tokens, pos, mask
 
 
 # -----------------------------------------------------------------------------
@@ -408,7 +324,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), prompt.size(0))
+    cache = new_cache(model, prompt, max_new_tokens + 2 * settings.k, settings)
     _, prefill_info = prefill(model, prompt, cache)
     rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size,
                 tensor_state=record_steps)
@@ -430,8 +346,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
 def ntp_step(model, cache, rows, generator):
     """If every row is at blocks of 1 with no draft to check (adaptive; k = 1): NTP's own loop up
     to a row's next try at drafting, with the lockstep path's tokens, draws, stats. -> forwards."""
-    if (any(rows.done) or len(set(cache.lengths)) > 1
-            or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending))):
+    if any(rows.done) or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending)):
         return 0
     n = min(rows.max_new_tokens - len(out) for out in rows.out)  # no row past its budget
     # adaptive: a row waiting w more blocks tries k = 2 after its w-th token
@@ -453,22 +368,29 @@ def ntp_step(model, cache, rows, generator):
 
 
 def lockstep_forward(model, cache, rows):
-    """One forward of every row's pending tokens and block, padded to the widest row -> logits
-    (B, P + W, V), pending (B, P), n_prev and fed per row."""
+    """One forward of every row's pending tokens and block -> logits (B, P + W, V) of the padded
+    layout [pending (B, P) ; block (B, W)], pending (B, P), n_prev and fed per row. Each row feeds
+    its own tokens one after the other, at its own cache slots, padded at the end to the widest
+    row (the mask hides the padding, sbd.cache_mask); its logits are put back in that layout."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
     fed = [rows.fed(b) for b in range(len(n_prev))]
     P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id
+    device = rows.block.device
     pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
-                            for p, n in zip(rows.pending, n_prev)], dtype=torch.long,
-                           device=rows.block.device)
-    if len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1
-        tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W): no padding
+                            for p, n in zip(rows.pending, n_prev)], dtype=torch.long, device=device)
+    tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W)
+    if len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1: no row has padding
         logits = hybrid_forward(model, cache, tokens, P)  # plain SBD's forward
-    else:
-        tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
-        logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
+    else:  # row b: its n_prev pending tokens, its fed block slots, then the padding slots
+        order = torch.tensor([[*range(n), *range(P, P + f), *range(n, P), *range(P + f, P + W)]
+                              for n, f in zip(n_prev, fed)], device=device)  # (B, P + W)
+        n_real = [n + f for n, f in zip(n_prev, fed)]
+        logits = decode_forward(model, cache, tokens.gather(1, order),
+                                torch.tensor(n_prev, device=device),
+                                torch.tensor(n_real, device=device))
+        back = order.argsort(dim=1)[..., None].expand(-1, -1, logits.size(-1))  # (B, P + W, V)
+        logits = logits.gather(1, back)
     for b in range(len(n_prev)):
-        cache.forget(b, P - n_prev[b])  # the padding was committed with the pending tokens
         rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])
     return logits, pending, n_prev, fed
 

@@ -12,14 +12,18 @@ later forward feeds the newest tokens.
     tokens, stats = sbd_generate(model, prompt, settings, max_new_tokens=64)
 """
 
+import functools
+import os
+import shutil
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from configurator import ConfigError
 from sampling import next_token, reveal_step
-from sbd import block_predictions, hybrid_bias
+from sbd import block_predictions, cache_mask
 
 # -----------------------------------------------------------------------------
 # what a decode returns besides the tokens
@@ -109,15 +113,102 @@ def prefill(model, prompt, cache):
     """
     t0 = time.perf_counter()
     if prompt.size(1) > 1:
-        model(prompt[:, :-1], cache=cache)
+        model(prompt[:, :-1], cache=cache)  # eager: a width that runs once per decode
     synchronize(prompt.device)
     info = dict(prefill_forwards=int(prompt.size(1) > 1), prefill_time=time.perf_counter() - t0)
     return prompt[:, -1:], info
 
 
-def new_cache(model, prompt, n_slots):
+def new_cache(model, prompt, n_slots, settings=None):
+    """The static KV cache of a decode: room for the prompt and n_slots more. With
+    settings.compiled, one kept for every later decode of that size (its length set back to 0),
+    its size rounded up to a multiple of 64: a compiled graph is made for one cache's shapes."""
     B, T0 = prompt.shape
-    return model.new_cache(B, T0 + n_slots, prompt.device, dtype=next(model.parameters()).dtype)
+    dtype = next(model.parameters()).dtype
+    if settings is None or not settings.compiled:
+        return model.new_cache(B, T0 + n_slots, prompt.device, dtype=dtype)
+    max_len = -(-(T0 + n_slots) // 64) * 64
+    key = (id(next(model.parameters())), B, max_len, dtype, prompt.device)
+    if key not in CACHES:
+        CACHES[key] = model.new_cache(B, max_len, prompt.device, dtype=dtype)
+        for t in CACHES[key].k + CACHES[key].v + [CACHES[key].lengths]:
+            torch._dynamo.mark_static_address(t)  # CUDA graphs write them in place
+    cache = CACHES[key]
+    cache.length, cache.widths = 0, decode_widths(settings)
+    return cache
+
+
+CACHES = {}  # compiled decoding's caches, by (model, batch size, slots, dtype, device)
+
+
+def decode_widths(settings):
+    """The widths a compiled decode pads its forwards to: 1 (NTP), k + 1 and 2k (a block, with the
+    tokens it commits: one, or a whole block). One graph each."""
+    return sorted({1, settings.k + 1, 2 * settings.k})
+
+
+# -----------------------------------------------------------------------------
+# the decode step: one forward on the static cache, eager or compiled
+
+
+def step(model, cache, tokens, n_commit, n_real=None):
+    """Every decoding forward: tokens (B, T) at each row's next slots, the first n_commit causal
+    and committed, the next up to n_real a block (sbd.hybrid_mask), the rest padding that no real
+    token sees -> logits (B, T, V). n_commit, n_real: ints, or (B,) tensors (a value per row).
+    A token's position is its slot (padding: 0). A function of tensors with fixed shapes per T: torch.compile makes one
+    graph of it per width (compiled_step)."""
+    B, T = tokens.shape
+    n_real = T if n_real is None else n_real
+    if isinstance(n_commit, int) and n_commit == n_real == T:
+        pos = mask = None  # all causal: the model's default positions and mask
+    else:
+        q = cache.lengths[:, None] + torch.arange(T, device=tokens.device)  # (B, T): the slots
+        start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
+        end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
+        mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
+        pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
+    logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
+    return logits
+
+
+def decode_forward(model, cache, tokens, n_commit, n_real=None):
+    """step(), or on a cache of compiled decoding (new_cache with settings.compiled) its compiled
+    graph, the tokens padded to the next of cache.widths (when the cache has room)."""
+    widths = getattr(cache, "widths", None)  # a cache made by new_cache(..., settings)
+    if widths is None:
+        return step(model, cache, tokens, n_commit, n_real)
+    B, T = tokens.shape
+    room = cache.max_len - (int(cache.lengths.max()) if T > 1 else 0)
+    W = next((w for w in widths if T <= w <= room), T)  # a new width compiles a new graph
+    as_rows = lambda n: torch.as_tensor(n, device=tokens.device).expand(B).contiguous()
+    n_real = T if n_real is None else n_real
+    logits = compiled_step(tokens.device.type)(model, cache, F.pad(tokens, (0, W - T)),
+                                               as_rows(n_commit), as_rows(n_real))
+    return logits[:, :T]
+
+
+@functools.cache
+def compiled_step(device_type):
+    """torch.compile of step: static shapes (one graph per width and cache size), the whole step
+    one graph. On a CPU, inductor with the weights frozen into the graph as constants, so that it
+    packs them for the CPU's matrix kernels once; on a GPU, CUDA graphs (mode reduce-overhead):
+    one replay per step instead of a kernel launch per op (gpt-fast's recipe)."""
+    check_compiler(device_type)
+    torch._dynamo.config.cache_size_limit = 64  # a graph per width, batch size and cache size
+    if device_type == "cuda":
+        return torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    return torch.compile(step, fullgraph=True, dynamic=False)
+
+
+def check_compiler(device_type):
+    """torch.compile on a CPU writes C++: a one-line error where no compiler is found."""
+    names = (os.environ.get("CXX"), "g++", "c++", "clang++")
+    if device_type == "cpu" and not any(shutil.which(name) for name in names if name):
+        raise ConfigError("compile=True needs a C++ compiler for torch.compile on a CPU "
+                          "(apt-get install g++, or set CXX); or decode eagerly: compile=False")
 
 
 def synchronize(device):
@@ -157,7 +248,7 @@ def ntp_generate(model, prompt, settings, max_new_tokens, generator=None, record
     """
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    cache = new_cache(model, prompt, max_new_tokens)
+    cache = new_cache(model, prompt, max_new_tokens, settings)
     pending, prefill_info = prefill(model, prompt, cache)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
     out, nfe = ntp_run(model, cache, pending, settings, stop, max_new_tokens, generator)
@@ -169,7 +260,7 @@ def ntp_run(model, cache, pending, settings, stop, n, generator=None):
     emitted one of the stop ids (a tensor) -> (tokens (B, m), nfe (B,): forwards up to its stop)."""
     out, done, nfe = [], torch.zeros_like(pending[:, 0], dtype=torch.bool), 0 * pending[:, 0]
     while len(out) < n and not done.all():
-        logits, _ = model(pending, cache=cache)  # (B, 1, V)
+        logits = decode_forward(model, cache, pending, 1)  # (B, 1, V)
         nfe += ~done  # a row's count stops at its stop token
         pending = next_token(logits[:, -1], settings, generator)[:, None]  # (B, 1)
         out.append(pending)
@@ -187,12 +278,9 @@ def hybrid_forward(model, cache, tokens, n_commit):
     The first n_commit tokens are processed causally and committed to the cache; the other
     T - n_commit are a block whose slots attend to the whole prefix and to each other (hybrid_mask)
     and are never committed. Position ids are the slot indices. Every SBD forward of the decoders
-    and the benchmarks is this one call.
+    and the benchmarks is this one call (decode_forward: step(), eager or compiled).
     """
-    n, T, dtype = cache.length, tokens.size(1), next(model.parameters()).dtype
-    mask = hybrid_bias(n, T, n_commit, dtype, tokens.device)  # (T, n + T), made once per shape
-    logits, _ = model(tokens, mask=mask, cache=cache, n_commit=n_commit)
-    return logits
+    return decode_forward(model, cache, tokens, n_commit)
 
 
 def block_forward(model, cache, prev, block):
@@ -277,7 +365,7 @@ def sbd_generate(model, prompt, settings, max_new_tokens, generator=None, record
     prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut: no slack of k
     t0 = time.perf_counter()
     B = prompt.size(0)
-    cache = new_cache(model, prompt, max_new_tokens)
+    cache = new_cache(model, prompt, max_new_tokens, settings)
     prev, prefill_info = prefill(model, prompt, cache)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
     done = torch.zeros(B, dtype=torch.bool, device=prompt.device)
