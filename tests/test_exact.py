@@ -17,7 +17,6 @@ import torch
 import exact
 import generate
 import sampling
-import sbd
 import tiny_models
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -160,25 +159,19 @@ def test_wasted_forwards_count_forwards_whose_reveals_all_went():
 def test_cache_after_exact_decoding_equals_ntp_cache(family, monkeypatch):
     m = random_model(family)
     prompt, stop = prompt_and_stop(m, 2)
-    caches, row_caches = [], []
-    new_cache, RowCache = m.new_cache, exact.RowCache
+    caches, new_cache = [], m.new_cache
 
     def keep(*args, **kwargs):
         caches.append(new_cache(*args, **kwargs))
         return caches[-1]
 
-    def keep_rows(*args):
-        row_caches.append(RowCache(*args))
-        return row_caches[-1]
-
     monkeypatch.setattr(m, "new_cache", keep)
-    monkeypatch.setattr(exact, "RowCache", keep_rows)
     ntp, _ = tiny_models.ntp(m, prompt, 24, mask_id=mask_id_of(m))
     settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=0.5, exact=True)
     out, stats = exact.exact_generate(m, prompt, settings, 24)
     assert out == ntp and stats.rejected[0] > 0  # rejections happened, so the cache was cut back
-    ntp_cache, exact_cache = caches[0], row_caches[0]
-    n = min(ntp_cache.length, exact_cache.lengths[0])
+    ntp_cache, exact_cache = caches
+    n = min(ntp_cache.length, int(exact_cache.lengths[0]))
     assert n >= prompt.size(1) + 24 - 1  # every emitted token but the last was committed
     for a, b in zip(ntp_cache.k + ntp_cache.v, exact_cache.k + exact_cache.v):
         assert torch.allclose(a[:, :, :n], b[:, :, :n], atol=1e-10)
@@ -223,22 +216,3 @@ def test_exact_errors(kwargs, message):
         exact.exact_generate(m, torch.zeros(1, 3, dtype=torch.long), settings, n)
 
 
-def test_hybrid_bias_is_written_out_for_every_cache_length():
-    """The batch-1 bias, made once per (T, n_commit) and read as a view: every new token sees
-    every cached key, the first n_commit new tokens see each other causally, and the block's
-    tokens see everything new. Written out per entry, at lengths that grow past what the first
-    bias was made for and shrink again (the view of a remade bias)."""
-    sbd.BIASES.clear()
-    for n_cached in (3, 0, 300, 5, 1000):
-        for T, n_commit in ((1, 1), (4, 1), (6, 3), (5, 5)):
-            bias = sbd.hybrid_bias(n_cached, T, n_commit, torch.float32, "cpu")
-            if T == 1:
-                assert bias is None  # one token on a cache sees all of it: no mask
-                continue
-            want = torch.full((T, n_cached + T), float("-inf"))
-            for i in range(T):
-                for j in range(n_cached + T):
-                    new = j - n_cached  # < 0: a cached key
-                    if new < 0 or new <= i or i >= n_commit:
-                        want[i, j] = 0.0
-            assert torch.equal(bias, want), (n_cached, T, n_commit)

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 import exact
 import model as model_lib
 import sampling
+import sbd
 import tiny_models
 from sampling import DecodeSettings, filter_logits
 
@@ -74,25 +75,24 @@ def test_rows_that_end_early_leave_the_batch_alone():
     assert out == ntp and out[0] == [stop] and stats.nfe[0] == 1
 
 
-def test_exact_mask_is_the_hybrid_mask_without_the_padding():
-    """A row with 2 pending tokens and a 3-slot block in a forward padded to 4 + 4, on a cache of 2:
-    the mask drawn by hand (q = query slot, columns = cache slots 0-1, then the 8 new slots)."""
-    q = torch.arange(8)[:, None]
-    kv = torch.arange(10)[None, :]
-    mask = exact.exact_mask(q, kv, n_cached=2, n_prev=2, kb=3, P=4)
-    #           cache | p0 p1 pad pad | b0 b1 b2 pad
-    by_hand = [[1, 1, 1, 0, 0, 0, 0, 0, 0, 0],  # p0: causal
-               [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],  # p1
-               [0, 0, 0, 0, 1, 0, 0, 0, 0, 0],  # padding sees only itself
-               [0, 0, 0, 0, 0, 1, 0, 0, 0, 0],
-               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],  # b0..b2: the prefix and the whole block
-               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
-               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
-               [0, 0, 0, 0, 0, 0, 0, 0, 0, 1]]  # an unused block slot sees only itself
+def test_cache_mask_is_the_hybrid_mask_without_the_padding():
+    """A row with 2 pending tokens and a 3-slot block in a forward padded to 8, on a cache of 2:
+    the mask drawn by hand (rows: the 8 new tokens at slots 2-9; columns: cache slots 0-11, the
+    static cache's whole buffer: slots 10-11 hold nothing of this forward)."""
+    q = torch.arange(2, 10)[:, None]
+    kv = torch.arange(12)[None, :]
+    mask = sbd.cache_mask(q, kv, block_start=2 + 2, end=2 + 5)
+    #           cache | p0 p1 | b0 b1 b2 | pad pad pad | unused
+    by_hand = [[1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # p0: causal
+               [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],  # p1
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0],  # b0..b2: the prefix and the whole block
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0],
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0],
+               [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0],  # padding: what the block sees, and itself
+               [1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0],
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0]]
     assert mask.int().tolist() == by_hand
-    real, index = exact.slot_roles(q, 2, 3, 4)
-    assert real.flatten().tolist() == [True, True, False, False, True, True, True, False]
-    assert index[real].tolist() == [0, 1, 2, 3, 4]  # the row's new tokens in order
+
 
 # -----------------------------------------------------------------------------
 # sampling: speculative sampling's rule makes the output distributed as NTP sampling's
