@@ -324,7 +324,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    cache = new_cache(model, prompt, max_new_tokens + 2 * settings.k, settings)
+    cache = new_cache(model, prompt, max_new_tokens, settings)  # and 2k of room
     _, prefill_info = prefill(model, prompt, cache)
     rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size,
                 tensor_state=record_steps)

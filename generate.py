@@ -120,11 +120,14 @@ def prefill(model, prompt, cache):
 
 
 def new_cache(model, prompt, n_slots, settings=None):
-    """The static KV cache of a decode: room for the prompt and n_slots more. With
-    settings.compiled, one kept for every later decode of that size (its length set back to 0),
-    its size rounded up to a multiple of 64: a compiled graph is made for one cache's shapes."""
+    """The static KV cache of a decode: room for the prompt and n_slots more (2k more for exact or
+    compiled decoding). With settings.compiled, one kept for every later decode of that size (its
+    length set back to 0), rounded up to a multiple of 64: a compiled graph is made for one
+    cache's shapes, so NTP and SBD decodes of similar lengths share it."""
     B, T0 = prompt.shape
     dtype = next(model.parameters()).dtype
+    if settings is not None and (settings.exact or settings.compiled):
+        n_slots += 2 * settings.k  # room for exact SBD's widest forward, and a compiled width's
     if settings is None or not settings.compiled:
         return model.new_cache(B, T0 + n_slots, prompt.device, dtype=dtype)
     max_len = -(-(T0 + n_slots) // 64) * 64
@@ -155,8 +158,8 @@ def step(model, cache, tokens, n_commit, n_real=None):
     """Every decoding forward: tokens (B, T) at each row's next slots, the first n_commit causal
     and committed, the next up to n_real a block (sbd.hybrid_mask), the rest padding that no real
     token sees -> logits (B, T, V). n_commit, n_real: ints, or (B,) tensors (a value per row).
-    A token's position is its slot (padding: 0). A function of tensors with fixed shapes per T: torch.compile makes one
-    graph of it per width (compiled_step)."""
+    A token's position is its slot (padding: 0). A function of tensors with fixed shapes per T:
+    torch.compile makes one graph of it per width (compiled_step)."""
     B, T = tokens.shape
     n_real = T if n_real is None else n_real
     if isinstance(n_commit, int) and n_commit == n_real == T:
@@ -182,9 +185,39 @@ def decode_forward(model, cache, tokens, n_commit, n_real=None):
     W = next((w for w in widths if T <= w <= room), T)  # a new width compiles a new graph
     as_rows = lambda n: torch.as_tensor(n, device=tokens.device).expand(B).contiguous()
     n_real = T if n_real is None else n_real
-    logits = compiled_step(tokens.device.type)(model, cache, F.pad(tokens, (0, W - T)),
-                                               as_rows(n_commit), as_rows(n_real))
+    padded = tokens.new_zeros(B, W)  # (B, W), the strides of every call: no recompile
+    padded[:, :T] = tokens
+    logits = compiled_step(tokens.device.type)(model, cache, padded, as_rows(n_commit),
+                                               as_rows(n_real))
     return logits[:, :T]
+
+
+def warm_up(model, prompt, n_slots, settings):
+    """Compile every width of a compiled decode of prompt (B, T0) and n_slots new tokens before it
+    starts -> seconds (the next run in a new process finds inductor's graphs on disk: faster)."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():  # as the decoders: its cache is theirs
+        cache = new_cache(model, prompt, n_slots, settings)
+        for width in cache.widths:
+            decode_forward(model, cache, prompt[:, :1].expand(-1, width), 1)
+            cache.length = 0
+    synchronize(prompt.device)
+    return time.perf_counter() - t0
+
+
+def fastest_setup(model, compile, weights, four_bit):
+    """sample.py's and evaluate.py's 'auto' -> (compile, weights), what decodes fastest here: a
+    compiled step for a model of 10M parameters or more (below, the compile costs more than it
+    saves) where torch.compile can run; a GGUF file's 4-bit blocks on a CPU where the model came
+    with them (README, "Fast decoding")."""
+    device = next(model.parameters()).device.type
+    if compile == "auto":
+        big = sum(p.numel() for p in model.parameters()) >= 10_000_000
+        names = (os.environ.get("CXX"), "g++", "c++", "clang++")
+        compile = big and (device == "cuda" or any(shutil.which(n) for n in names if n))
+    if weights == "auto":
+        weights = "int4" if four_bit and device == "cpu" else "trained"
+    return bool(compile), weights
 
 
 @functools.cache
