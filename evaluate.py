@@ -32,8 +32,15 @@ import time
 import torch
 
 from configurator import configure, pick_device, require
-from model import load_checkpoint
-from pretrained.loading import load_baseline, load_models, load_run, pretrained_path
+from generate import fastest_setup
+from model import WEIGHTS, lay_out_for_decoding, load_checkpoint
+from pretrained.loading import (
+    four_bit_blocks,
+    load_baseline,
+    load_models,
+    load_run,
+    pretrained_path,
+)
 from report.summary import machine, print_paired, summary_rows, write_json
 from report.sweep import curves, plot_sweep
 from report.views import fp32_identity, step_views, wall_clock
@@ -209,6 +216,9 @@ OPTIONS = dict(
     dtype="float32",  # decoding: 'float32', 'bfloat16', or 'auto' (bf16 where the device has it)
     fp32_check_problems=0,  # decoding in bf16: decode this many test problems in fp32 as well,
     # where exact SBD must give the NTP decoding's output, token for token
+    compile=None,  # True: every forward through torch.compile's graphs; None: auto (10M+ params)
+    weights="auto",  # 'trained', 'int8', 'int4' (a GGUF file's 4-bit blocks); 'auto': int4 if any
+    quantized_rows=1,  # int8/int4 kernels for forwards of up to this many rows (wider: dense)
 )
 
 
@@ -225,6 +235,9 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
     base = settings_for(checkpoint, gamma=0.0)  # mask and stop tokens, the first-token rule
+    compiled = fast_decoding([ntp_model, sbd_model] + ([reference[1]] if reference else []),
+                             checkpoint, o)
+    base = base.replace(compiled=compiled)
     if not base.first_from_ntp:
         print("this SBD model was trained without the NTP term (ntp_weight=0): SBD reveals each "
               "block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
@@ -274,6 +287,19 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     return rows, calibration, wall
 
 
+def fast_decoding(models, checkpoint, o):
+    """Lay every model's weights out for decoding as o's compile, weights and quantized_rows say
+    ('auto': generate.fastest_setup) -> whether they decode compiled."""
+    four_bit = four_bit_blocks(checkpoint)
+    compile, weights = fastest_setup(models[-1], "auto" if o["compile"] is None else o["compile"],
+                                     o["weights"], four_bit)
+    for model in models:
+        lay_out_for_decoding(model, next(model.parameters()).dtype, weights, o["quantized_rows"],
+                             four_bit)
+    print(f"decoding: {weights} weights, " + ("compiled" if compile else "eager"))
+    return compile
+
+
 def draw_sweep(model, task, base, calibration, ntp_val, o, out_dir, trained_k):
     """The γ sweep continued past the choice, drawn to out_dir/sweep.png -> (curves, path)."""
     drawn = curves(model, task, base, calibration, o["picture_ks"], o["picture_problems"],
@@ -306,6 +332,10 @@ def check_options(o):
     for key in ("ks", "picture_ks"):
         require(all(k >= 1 for k in o[key]), f"{key}: block sizes must be >= 1, got {o[key]}")
     require(o["ks"], "ks: name at least one block size, e.g. --ks=(8,16)")
+    require(o["compile"] in (True, False, None), f"compile must be True or False: {o['compile']!r}")
+    require(o["weights"] in (*WEIGHTS, "auto"),
+            f"weights must be one of {WEIGHTS} or 'auto', got {o['weights']!r}")
+    require(o["quantized_rows"] >= 1, f"quantized_rows must be >= 1, got {o['quantized_rows']}")
     for key in ("gamma_grid", "exact_gammas"):
         require(all(g >= 0 for g in o[key]), f"{key}: γ values must be >= 0, got {o[key]}")
     return o

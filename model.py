@@ -667,6 +667,8 @@ def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four
     as llama.cpp reads them; a model without them is refused. -> the model."""
     if weights not in WEIGHTS:
         raise ConfigError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    if getattr(model, "laid_out", None) is not None or not isinstance(model, (GPT, Llama)):
+        return model  # done already (one model in two roles), or another module
     if weights == "int4" and not four_bit:
         raise ConfigError("weights=int4 keeps the 4-bit blocks of a GGUF file (Q4_0/Q4_1/...), "
                           "and this model's weights did not come from one: use int8 or trained")
@@ -682,6 +684,7 @@ def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four
                 layer = getattr(owner, name)
                 setattr(owner, name, linear([layer.weight], layer.bias))
         model.lm_head = DecodeLinear([model.lm_head.weight], None, dtype)
+        model.laid_out = weights
         return model
     for block in model.layers:
         a, f = block.attention, block.feed_forward
@@ -690,6 +693,7 @@ def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four
         f.w13, f.w2 = linear([f.w1.weight, f.w3.weight], None), linear([f.w2.weight], None)
         del a.wq, a.wk, a.wv, f.w1, f.w3
     model.output = DecodeLinear([model.output.weight], None, dtype)
+    model.laid_out = weights
     return model
 
 
