@@ -83,7 +83,10 @@ def accept_sampled(drafts, q, p, generator=None):
 def next_block_size(k, n_drafts, n_ok, patience, wait, K):
     """Adaptive block size of one row after a check of n_drafts drafts, n_ok of them kept.
 
-    Rule: every draft kept -> the block doubles (at most K); some kept, then one rejected -> the
+    Rule: a row's first block has 2 slots (patience 0: no evidence yet), and if its draft is kept
+    the next has K: a first block of K would cost two wide forwards on a model whose drafts all
+    fail, and one forward of 2 slots is all that starting small costs one that drafts well. After
+    that, every draft kept -> the block doubles (at most K); some kept, then one rejected -> the
     block stays (a forward of a few more slots costs little, and smaller blocks than trained on
     draft worse); none kept -> blocks of 1: plain NTP, one token fed per forward and nothing
     drafted (exact_generate's ntp_step). Such a row tries k = 2 again after `patience` blocks; its
@@ -93,10 +96,10 @@ def next_block_size(k, n_drafts, n_ok, patience, wait, K):
         wait = max(wait - 1, 0)
         return (min(2, K) if k == 1 and wait == 0 else k), patience, wait
     if n_ok == n_drafts:
-        return min(2 * k, K), 1, 0
+        return (K if patience == 0 else min(2 * k, K)), 1, 0
     if n_ok == 0:
-        return 1, min(4 * patience, MAX_PATIENCE), patience
-    return k, patience, 0
+        return 1, min(4 * max(patience, 1), MAX_PATIENCE), max(patience, 1)
+    return k, max(patience, 1), 0
 
 
 # -----------------------------------------------------------------------------
@@ -120,7 +123,9 @@ class Rows:
         self.out, self.done = [[] for _ in range(B)], [False] * B  # checked tokens; row done
         self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
         self.pending_revealed_by = [[] for _ in range(B)]  # forward of its block, per pending slot
-        self.k, self.patience, self.wait = [K] * B, [1] * B, [0] * B  # the block size's state
+        # the block size's state (adaptive: a first block of 2, patience 0: next_block_size)
+        first = min(2, K) if settings.adaptive else K
+        self.k, self.patience, self.wait = [first] * B, [0] * B, [0] * B
         self.kb = [0] * B  # slots of the block being drafted (0: the next forward only checks)
         self.block_start = [0] * B  # index of the block's first token among the row's tokens
         self.block = torch.full((B, K), settings.mask_id, device=device)  # (B, K)
