@@ -32,8 +32,8 @@ import time
 import torch
 
 from configurator import configure, pick_device, require
-from generate import fastest_setup
-from model import WEIGHTS, lay_out_for_decoding, load_checkpoint
+from model import load_checkpoint
+from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import (
     four_bit_blocks,
     load_baseline,
@@ -289,7 +289,7 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
 
 def fast_decoding(models, checkpoint, o):
     """Lay every model's weights out for decoding as o's compile, weights and quantized_rows say
-    ('auto': generate.fastest_setup) -> whether they decode compiled."""
+    ('auto': decode_layout.fastest_setup) -> whether they decode compiled."""
     four_bit = four_bit_blocks(checkpoint)
     compile, weights = fastest_setup(models[-1], "auto" if o["compile"] is None else o["compile"],
                                      o["weights"], four_bit)

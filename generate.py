@@ -136,18 +136,14 @@ def new_cache(model, prompt, n_slots, settings=None):
         CACHES[key] = model.new_cache(B, max_len, prompt.device, dtype=dtype)
         for t in CACHES[key].k + CACHES[key].v + [CACHES[key].lengths]:
             torch._dynamo.mark_static_address(t)  # CUDA graphs write them in place
-    cache = CACHES[key]
-    cache.length, cache.widths = 0, decode_widths(settings)
+    cache, k = CACHES[key], settings.k
+    # the widths its forwards are padded to, one graph each: 1 (NTP), and a block with the tokens
+    # it commits (one, or a whole block)
+    cache.length, cache.widths = 0, sorted({1, k + 1, 2 * k})
     return cache
 
 
 CACHES = {}  # compiled decoding's caches, by (model, batch size, slots, dtype, device)
-
-
-def decode_widths(settings):
-    """The widths a compiled decode pads its forwards to: 1 (NTP), k + 1 and 2k (a block, with the
-    tokens it commits: one, or a whole block). One graph each."""
-    return sorted({1, settings.k + 1, 2 * settings.k})
 
 
 # -----------------------------------------------------------------------------
@@ -155,11 +151,10 @@ def decode_widths(settings):
 
 
 def step(model, cache, tokens, n_commit, n_real=None):
-    """Every decoding forward: tokens (B, T) at each row's next slots, the first n_commit causal
-    and committed, the next up to n_real a block (sbd.hybrid_mask), the rest padding that no real
-    token sees -> logits (B, T, V). n_commit, n_real: ints, or (B,) tensors (a value per row).
-    A token's position is its slot (padding: 0). A function of tensors with fixed shapes per T:
-    torch.compile makes one graph of it per width (compiled_step)."""
+    """Every decoding forward: tokens (B, T) at each row's next slots (positions), the first
+    n_commit causal and committed, the next up to n_real a block (sbd.hybrid_mask), the rest
+    padding no real token sees -> logits (B, T, V). n_commit, n_real: ints, or (B,) per row. Fixed
+    shapes per T: torch.compile makes one graph of it per width (compiled_step)."""
     B, T = tokens.shape
     n_real = T if n_real is None else n_real
     if isinstance(n_commit, int) and n_commit == n_real == T:
@@ -180,21 +175,20 @@ def decode_forward(model, cache, tokens, n_commit, n_real=None):
     widths = getattr(cache, "widths", None)  # a cache made by new_cache(..., settings)
     if widths is None:
         return step(model, cache, tokens, n_commit, n_real)
-    B, T = tokens.shape
+    (B, T), n_real = tokens.shape, tokens.size(1) if n_real is None else n_real
     room = cache.max_len - (int(cache.lengths.max()) if T > 1 else 0)
     W = next((w for w in widths if T <= w <= room), T)  # a new width compiles a new graph
     as_rows = lambda n: torch.as_tensor(n, device=tokens.device).expand(B).contiguous()
-    n_real = T if n_real is None else n_real
     padded = tokens.new_zeros(B, W)  # (B, W), the strides of every call: no recompile
     padded[:, :T] = tokens
     logits = compiled_step(tokens.device.type)(model, cache, padded, as_rows(n_commit),
-                                               as_rows(n_real))
-    return logits[:, :T]
+                                               as_rows(n_real))[:, :T]
+    return logits.clone() if tokens.is_cuda else logits  # a CUDA graph's next replay reuses it
 
 
 def warm_up(model, prompt, n_slots, settings):
     """Compile every width of a compiled decode of prompt (B, T0) and n_slots new tokens before it
-    starts -> seconds (the next run in a new process finds inductor's graphs on disk: faster)."""
+    starts -> seconds (a later process finds inductor's graphs on disk)."""
     t0 = time.perf_counter()
     with torch.inference_mode():  # as the decoders: its cache is theirs
         cache = new_cache(model, prompt, n_slots, settings)
@@ -203,21 +197,6 @@ def warm_up(model, prompt, n_slots, settings):
             cache.length = 0
     synchronize(prompt.device)
     return time.perf_counter() - t0
-
-
-def fastest_setup(model, compile, weights, four_bit):
-    """sample.py's and evaluate.py's 'auto' -> (compile, weights), what decodes fastest here: a
-    compiled step for a model of 10M parameters or more (below, the compile costs more than it
-    saves) where torch.compile can run; a GGUF file's 4-bit blocks on a CPU where the model came
-    with them (README, "Fast decoding")."""
-    device = next(model.parameters()).device.type
-    if compile == "auto":
-        big = sum(p.numel() for p in model.parameters()) >= 10_000_000
-        names = (os.environ.get("CXX"), "g++", "c++", "clang++")
-        compile = big and (device == "cuda" or any(shutil.which(n) for n in names if n))
-    if weights == "auto":
-        weights = "int4" if four_bit and device == "cpu" else "trained"
-    return bool(compile), weights
 
 
 @functools.cache
@@ -236,10 +215,15 @@ def compiled_step(device_type):
     return torch.compile(step, fullgraph=True, dynamic=False)
 
 
+def cxx_compiler():
+    """The C++ compiler torch.compile would use on a CPU ($CXX, g++, c++, clang++), or None."""
+    names = (os.environ.get("CXX"), "g++", "c++", "clang++")
+    return next((name for name in names if name and shutil.which(name)), None)
+
+
 def check_compiler(device_type):
     """torch.compile on a CPU writes C++: a one-line error where no compiler is found."""
-    names = (os.environ.get("CXX"), "g++", "c++", "clang++")
-    if device_type == "cpu" and not any(shutil.which(name) for name in names if name):
+    if device_type == "cpu" and cxx_compiler() is None:
         raise ConfigError("compile=True needs a C++ compiler for torch.compile on a CPU "
                           "(apt-get install g++, or set CXX); or decode eagerly: compile=False")
 

@@ -63,18 +63,14 @@ class KVCache:
     """Keys and values of the tokens processed causally so far, for every layer: a static cache.
 
     Layout: self.k[layer], self.v[layer] are (B, n_kv_head, max_len, head_dim) buffers allocated
-    once; self.lengths (B,) counts each row's committed tokens. Slots are positions: row b's slots
-    [0, lengths[b]) hold its committed tokens (prompt + committed blocks), exactly what plain causal
-    decoding would have cached, and a forward of T new tokens writes them at slots [lengths[b],
-    lengths[b] + T). Attention reads all max_len slots every time, so every forward of T tokens
-    has the same shapes (what torch.compile and CUDA graphs need), and the mask hides what a query
-    must not see: slots not written yet, and scratch ones.
-
-    Only the FIRST n_commit of the T (processed causally) are committed: forward() adds n_commit
-    to the lengths. The other T - n_commit (an SBD block, bidirectional) stay in scratch slots past
-    the length, where the next forward overwrites them: nothing of a bidirectional forward is ever
-    kept, and no forward copies the cache. So the buffer needs room for the block: max_len >= length
-    + T. Rows may have different lengths (exact SBD keeps different numbers of drafts per row).
+    once; self.lengths (B,) counts each row's committed tokens, which sit in slots [0, lengths[b]):
+    exactly what plain causal decoding would have cached. Slots are positions. A forward of T new
+    tokens writes them at slots [lengths[b], lengths[b] + T) and reads all max_len slots, so every
+    forward of T tokens has the same shapes (what torch.compile and CUDA graphs need); its mask
+    hides the slots a query must not see. Only the FIRST n_commit (processed causally) are
+    committed: forward() adds n_commit to the lengths. The other T - n_commit (an SBD block,
+    bidirectional) stay in scratch slots, where the next forward overwrites them: nothing of a
+    bidirectional forward is ever kept, and no forward copies the cache.
     """
 
     def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, device, dtype):
@@ -88,10 +84,8 @@ class KVCache:
     @property
     def length(self):
         """The rows' common length, as a Python int (a host read)."""
-        lengths = set(self.lengths.tolist())
-        if len(lengths) > 1:
-            raise ValueError(f"rows have different cache lengths {sorted(lengths)}")
-        return lengths.pop()
+        (length,) = set(self.lengths.tolist())  # rows of different lengths have none
+        return length
 
     @length.setter
     def length(self, n):
@@ -102,14 +96,11 @@ class KVCache:
         whole buffers (B, H, max_len, D). Only the first n_commit become cached (forward() adds
         them to the lengths after all layers); an int, or (B,) per row."""
         B, H, T, D = k_new.shape  # k_new: (B, n_kv_head, T, head_dim)
-        if not torch.compiler.is_compiling():  # host checks; a compiled step is checked outside
-            if isinstance(n_commit, int) and not 0 <= n_commit <= T:
-                raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got "
-                                 f"{n_commit}")
-            longest = int(self.lengths.max())
-            if longest + T > self.max_len:
-                raise ValueError(f"KV cache full: {longest} cached + {T} new tokens > max_len "
-                                 f"{self.max_len}")
+        L = -1 if torch.compiler.is_compiling() else int(self.lengths.max())  # checks: host ints
+        if isinstance(n_commit, int) and not 0 <= n_commit <= T:
+            raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got {n_commit}")
+        if L + T > self.max_len:
+            raise ValueError(f"KV cache full: {L} cached + {T} new tokens > max_len {self.max_len}")
         slots = self.lengths[:, None] + torch.arange(T, device=k_new.device)  # (B, T)
         index = slots[:, None, :, None].expand(B, H, T, D)
         self.k[layer].scatter_(2, index, k_new)  # in place: row b's slots start at its length
@@ -121,16 +112,8 @@ class KVCache:
         cached (forward() calls this)."""
         self.lengths += n
 
-    def truncate(self, length):
-        """Drop cached tokens from slot `length` on, in every row: undo commits."""
-        if not 0 <= length <= int(self.lengths.min()):
-            raise ValueError(f"cannot truncate a cache of {self.lengths.tolist()} tokens to "
-                             f"{length}")
-        self.lengths.clamp_(max=length)
-
     def forget(self, row, n):
-        """Row `row` drops its last n committed tokens (they become scratch): exact SBD's
-        rejected drafts."""
+        """Row `row` drops its last n committed tokens (exact SBD's rejected drafts)."""
         self.lengths[row] -= n
 
 
@@ -175,21 +158,15 @@ def attention_bias(mask, dtype):
     return bias.masked_fill_(~mask, float("-inf"))
 
 
-def default_mask(pos, cache):
-    """The causal mask of new tokens at positions pos (B, T) on a cache: (B, T, max_len), each
-    query sees the slots up to its own (None without a cache: SDPA's is_causal)."""
-    if cache is None:
-        return None
-    return causal_mask(pos[..., None], cache.slots)  # (B, T, max_len)
-
-
-def over_the_cache(mask, cache):
-    """A mask of the first S < max_len slots (e.g. dense_mask over [cache ; new tokens]) -> the
-    same over all max_len: the slots past S are hidden (not written, or scratch)."""
+def over_the_cache(mask, pos, cache):
+    """A forward's mask over all max_len slots of the cache: the causal default (each query sees
+    the slots up to its own) if None; a mask of the first S < max_len slots (dense_mask over
+    [cache ; new tokens]) with the slots past S hidden (not written, or scratch)."""
+    if mask is None:
+        return causal_mask(pos[..., None], cache.slots)  # (B, T, max_len)
     missing = cache.max_len - mask.size(-1)
-    if missing <= 0:
-        return mask
-    return F.pad(mask, (0, missing), value=False if mask.dtype == torch.bool else float("-inf"))
+    hide = False if mask.dtype == torch.bool else float("-inf")
+    return F.pad(mask, (0, missing), value=hide) if missing > 0 else mask
 
 
 def cross_entropy(logits, targets):
@@ -345,7 +322,7 @@ def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
             raise ValueError(f"position {last} is past the model's context of {max_seq_len} "
                              "tokens")
     if cache is not None:
-        mask = default_mask(pos, cache) if mask is None else over_the_cache(mask, cache)
+        mask = over_the_cache(mask, pos, cache)
     n_commit = T if n_commit is None else n_commit
     if cache is None and n_commit != T:
         raise ValueError("n_commit only means something with a KV cache")
@@ -471,7 +448,7 @@ class LlamaAttention(nn.Module):
 
     def project(self, x):
         """x (B, T, dim) -> q, k, v: three products, or one of the fused wqkv that
-        lay_out_for_decoding makes (the checkpoint's wq, wk, wv one after the other)."""
+        pretrained/decode_layout.py makes (the checkpoint's wq, wk, wv one after the other)."""
         if not hasattr(self, "wqkv"):
             return self.wq(x), self.wk(x), self.wv(x)
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
@@ -593,108 +570,6 @@ class Llama(nn.Module):
     def new_cache(self, batch_size, max_len, device, dtype=None):
         c, dtype = self.config, dtype or self.output.weight.dtype
         return KVCache(c.n_layers, batch_size, c.n_kv_heads, c.head_dim, max_len, device, dtype)
-
-
-# -----------------------------------------------------------------------------
-# weights laid out for decoding, the gpt-fast way: once, before the first decode
-
-
-WEIGHTS = ("trained", "int8", "int4")  # lay_out_for_decoding's weight formats
-GROUP = 32  # a 4-bit run: GGUF's Q4_1 block, 32 weights of a row with one scale and one minimum
-
-
-class DecodeLinear(nn.Module):
-    """x @ w.T (+ bias) for decoding: a layer's matrices (out_i, in) laid out once as one w (fused:
-    one product instead of several), contiguous, in the decode dtype. With weights 'int8' or
-    'int4' they are also quantized for torch's own CPU kernels, which a forward of at most
-    quantized_rows rows uses (the kernels are fast for one token, not for a block: which widths
-    gain is the CPU's, `python -m bench.four_bit`); wider forwards read w, dropped if none can."""
-
-    def __init__(self, weights, bias, dtype, kind="trained", quantized_rows=0):
-        super().__init__()
-        w = torch.cat([w.detach() for w in weights]).to(dtype).contiguous()  # (N, K)
-        self.kind, self.quantized_rows = kind, quantized_rows if kind != "trained" else 0
-        self.register_buffer("weight", None if self.quantized_rows == math.inf else w)
-        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
-        if kind == "int8":  # one scale per row, symmetric: w = scale * q, q in -127..127
-            scales = w.float().abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
-            self.register_buffer("codes", (w.float() / scales[:, None]).round().to(torch.int8))
-            self.register_buffer("scales", scales.to(dtype))
-        elif kind == "int4":
-            codes, pairs = q4_1_codes(w.float())
-            self.register_buffer("codes", torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                codes, 1))  # two codes a byte, in the kernel's tiles
-            self.register_buffer("pairs", pairs.to(dtype))  # (K / 32, N, 2): scale, zero
-
-    def forward(self, x):
-        rows, K = x.numel() // x.size(-1), x.size(-1)  # fixed per compiled width: no branch left
-        if rows > self.quantized_rows:
-            y = F.linear(x, self.weight)
-        elif self.kind == "int8":
-            y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, K), self.codes, self.scales)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(rows, K), self.codes, GROUP,
-                                                            self.pairs)
-        y = y.view(*x.shape[:-1], -1)  # (..., N)
-        return y if self.bias is None else y + self.bias
-
-
-def q4_1_codes(w):
-    """w (N, K) fp32 -> 4-bit codes (N, K) int32 and (scale, zero) pairs (K / 32, N, 2), as GGUF's
-    Q4_1 stores a run of 32 weights of a row: m + d * q, q in 0..15, m the run's minimum and
-    d = (max - m) / 15. A Q4_1 file's dequantized weights come back exactly (to fp32 rounding of
-    d); other weights are rounded to that grid. torch's kernel reads w = (q - 8) * scale + zero:
-    scale = d, zero = m + 8d."""
-    N, K = w.shape
-    if K % GROUP:
-        raise ConfigError(f"weights=int4 needs rows of a multiple of {GROUP} weights, got {K}")
-    runs = w.view(N, K // GROUP, GROUP)
-    m, top = runs.amin(-1, keepdim=True), runs.amax(-1, keepdim=True)  # (N, K/G, 1)
-    d = (top - m) / 15
-    q = ((runs - m) / torch.where(d > 0, d, 1)).round().clamp(0, 15)  # (N, K/G, G)
-    pairs = torch.cat([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()  # (K/G, N, 2)
-    return q.view(N, K).int(), pairs
-
-
-@torch.no_grad()
-def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four_bit=False):
-    """Lay the model's weights out for decoding, in place, once (it can no longer train): the
-    model in dtype, every block's matrices fused where they share an input (a Llama's wq, wk, wv
-    as wqkv; w1 and w3 as w13) and laid out as DecodeLinear; the output head stays dense.
-    weights 'int8' or 'int4' quantize the blocks' matrices for forwards of at most quantized_rows
-    rows (math.inf: every forward, and no dense copy kept). 'int4' keeps the 4-bit blocks of a
-    GGUF file (four_bit: the model's weights came from one, pretrained.loading.four_bit_blocks),
-    as llama.cpp reads them; a model without them is refused. -> the model."""
-    if weights not in WEIGHTS:
-        raise ConfigError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-    if getattr(model, "laid_out", None) is not None or not isinstance(model, (GPT, Llama)):
-        return model  # done already (one model in two roles), or another module
-    if weights == "int4" and not four_bit:
-        raise ConfigError("weights=int4 keeps the 4-bit blocks of a GGUF file (Q4_0/Q4_1/...), "
-                          "and this model's weights did not come from one: use int8 or trained")
-    if weights != "trained" and next(model.parameters()).device.type != "cpu":
-        raise ConfigError(f"weights={weights} runs torch's CPU kernels: decode on the CPU")
-    model.to(dtype)
-    linear = functools.partial(DecodeLinear, dtype=dtype, kind=weights,
-                               quantized_rows=quantized_rows)
-    if isinstance(model, GPT):
-        for block in model.transformer.h:
-            for owner, name in ((block.attn, "c_attn"), (block.attn, "c_proj"),
-                                (block.mlp, "c_fc"), (block.mlp, "c_proj")):
-                layer = getattr(owner, name)
-                setattr(owner, name, linear([layer.weight], layer.bias))
-        model.lm_head = DecodeLinear([model.lm_head.weight], None, dtype)
-        model.laid_out = weights
-        return model
-    for block in model.layers:
-        a, f = block.attention, block.feed_forward
-        a.wqkv = linear([a.wq.weight, a.wk.weight, a.wv.weight], None)
-        a.wo = linear([a.wo.weight], None)
-        f.w13, f.w2 = linear([f.w1.weight, f.w3.weight], None), linear([f.w2.weight], None)
-        del a.wq, a.wk, a.wv, f.w1, f.w3
-    model.output = DecodeLinear([model.output.weight], None, dtype)
-    model.laid_out = weights
-    return model
 
 
 # -----------------------------------------------------------------------------

@@ -15,11 +15,11 @@ tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of the 
 through the KV cache and both after a prefill of the prompt that is not counted, and each decode's
 tokens/s after the prefill.
 
-Fast decoding (README, "Fast decoding"): the weights are laid out once for decoding
-(model.lay_out_for_decoding: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's own
-4-bit blocks), and --compile=True runs every forward through torch.compile's graphs, one per width
-(the compile time is printed; a second run finds them in inductor's cache). 'auto' picks what is
-fastest here (generate.fastest_setup).
+Fast decoding (docs/fast_decoding.md): the weights are laid out once for decoding
+(pretrained/decode_layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's
+own 4-bit blocks), and --compile=True runs every forward through torch.compile's graphs, one per
+width (the compile time is printed; a second run finds them in inductor's cache). 'auto' picks
+what is fastest here (decode_layout.fastest_setup).
 """
 
 import os
@@ -29,8 +29,9 @@ import torch
 
 from configurator import ConfigError, configure, pick_device, require, resolve_dtype
 from exact import decode
-from generate import fastest_setup, format_steps, warm_up
-from model import WEIGHTS, lay_out_for_decoding, load_checkpoint
+from generate import format_steps, warm_up
+from model import load_checkpoint
+from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings, read_calibration, settings_for
 from tasks import chat_prompt, task_of_checkpoint

@@ -1,11 +1,12 @@
 """
 Our decoding next to llama.cpp on the same GGUF file and CPU (batch 1, greedy, prefill excluded):
 NTP eager (generate.ntp_generate on the model as loaded, the decoder before any layout), NTP
-compiled and exact SBD compiled (the product's path: model.lay_out_for_decoding, then every forward
-through generate.compiled_step, as `sample.py --compile=True` runs them), and llama.cpp's
-llama-bench tg<tokens> with the same threads; each as tokens/s and as a ratio to llama.cpp. Every
-contender runs once per rep, interleaved, so that a load that comes and goes hits them all; each
-prints 'median [min-max]' over reps. This file times things only: it defines no model.
+compiled and exact SBD compiled (the product's path: decode_layout.lay_out_for_decoding, then
+every forward through generate.compiled_step, as `sample.py --compile=True` runs them), and
+llama.cpp's llama-bench tg<tokens> with the same threads; each as tokens/s and as a ratio to
+llama.cpp. Every contender runs once per rep, interleaved, so that a load that comes and goes hits
+them all; each prints 'median [min-max]' over reps. This file times things only: it defines no
+model.
 
     OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
         --llama_bench=<your llama.cpp build>/bin/llama-bench \
@@ -43,7 +44,8 @@ from bench.measure import cpu_name, measure_bandwidth, spread
 from configurator import ConfigError, configure, resolve_dtype
 from exact import exact_generate
 from generate import decode_forward, new_cache, ntp_generate, warm_up
-from model import lay_out_for_decoding, load_checkpoint
+from model import load_checkpoint
+from pretrained.decode_layout import lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, pretrained_path, tokenizer_of
 from sampling import ONE_FORWARD, DecodeSettings, settings_for
 from tasks import BenchmarkTask

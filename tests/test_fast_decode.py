@@ -1,6 +1,6 @@
 """The fast decode path of the product: the static cache's step, the weights laid out for decoding
-(model.lay_out_for_decoding) and the compiled step (generate.compiled_step), against independent
-definitions in fp32: one uncached forward per row, the model as trained, eager decoding.
+(pretrained/decode_layout.py) and the compiled step (generate.compiled_step), against
+independent definitions in fp32: one uncached forward per row, the model as trained, eager decoding.
 
 Compiling takes tens of seconds on 2 cores, so the compiled checks are two tests (one per family)
 that run every decoder on one set of graphs; they carry the `compile` marker
@@ -14,9 +14,9 @@ import torch
 
 import exact
 import generate
-import model as model_lib
 import tiny_models
 from configurator import ConfigError
+from pretrained.decode_layout import GROUP, DecodeLinear, lay_out_for_decoding
 from sampling import DecodeSettings
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -66,7 +66,7 @@ def test_laid_out_weights_decode_as_trained(family):
     settings = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=1e9, exact=True)
     reference, _ = tiny_models.ntp(m, p, 16, mask_id=mask_id_of(m))
     full, _ = m(p)
-    fast = model_lib.lay_out_for_decoding(tiny_models.random_model(family, std=0.5),
+    fast = lay_out_for_decoding(tiny_models.random_model(family, std=0.5),
                                           torch.float32)
     assert torch.allclose(fast(p)[0], full, atol=1e-5)
     assert tiny_models.ntp(fast, p, 16, mask_id=mask_id_of(m))[0] == reference
@@ -76,7 +76,7 @@ def test_laid_out_weights_decode_as_trained(family):
 def q4_1_grid(w):
     """w rounded as GGUF's Q4_1 writes it, by the format's rule: per run of 32 weights of a row,
     m = the minimum and d = (max - m) / 15 in fp16, w = m + d * round((w - m) / d)."""
-    runs = w.reshape(w.size(0), -1, model_lib.GROUP).double()  # (N, K/32, 32)
+    runs = w.reshape(w.size(0), -1, GROUP).double()  # (N, K/32, 32)
     m = runs.amin(-1, keepdim=True).half().double()
     d = ((runs.amax(-1, keepdim=True) - m) / 15).half().double()
     return (m + d * ((runs - m) / d).round().clamp(0, 15)).reshape(w.shape).float()
@@ -88,10 +88,10 @@ def test_int4_gives_back_q4_1_weights_and_int8_rounds_per_row():
     g = torch.Generator().manual_seed(0)
     w = q4_1_grid(torch.randn(192, 96, generator=g))  # (N, K)
     x = torch.randn(5, 96, generator=g)
-    int4 = model_lib.DecodeLinear([w], None, torch.float32, "int4", math.inf)
+    int4 = DecodeLinear([w], None, torch.float32, "int4", math.inf)
     assert int4.weight is None and torch.allclose(int4(x), x @ w.T, rtol=0, atol=1e-5)
     w = torch.randn(192, 96, generator=g)
-    int8 = model_lib.DecodeLinear([w], None, torch.float32, "int8", 1)
+    int8 = DecodeLinear([w], None, torch.float32, "int8", 1)
     rows = int8(torch.eye(96)[:, None, :]).reshape(96, 192).T  # one row at a time: 8 bits
     step = w.abs().amax(dim=1, keepdim=True) / 127
     assert ((rows - w).abs() <= step / 2 + 1e-6).all()
@@ -114,7 +114,7 @@ def test_int4_decodes_what_the_q4_1_model_does():
     m = q4_1_model("llama-tiny")
     p = prompts(m, 1, 5, seed=3)
     reference, _ = tiny_models.ntp(m, p, 16, mask_id=mask_id_of(m))
-    fast = model_lib.lay_out_for_decoding(q4_1_model("llama-tiny"), torch.float32, "int4",
+    fast = lay_out_for_decoding(q4_1_model("llama-tiny"), torch.float32, "int4",
                                           math.inf, four_bit=True)
     assert tiny_models.ntp(fast, p, 16, mask_id=mask_id_of(m))[0] == reference
     settings = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=1e9, exact=True)
@@ -124,10 +124,10 @@ def test_int4_decodes_what_the_q4_1_model_does():
 def test_bad_settings_are_one_line_errors(monkeypatch):
     m = tiny_models.random_model("llama-tiny")
     with pytest.raises(ConfigError, match="4-bit blocks of a GGUF file") as e:
-        model_lib.lay_out_for_decoding(m, torch.float32, "int4")
+        lay_out_for_decoding(m, torch.float32, "int4")
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="weights must be one of"):
-        model_lib.lay_out_for_decoding(m, torch.float32, "int3")
+        lay_out_for_decoding(m, torch.float32, "int3")
     monkeypatch.setattr(generate.shutil, "which", lambda name: None)  # no C++ compiler
     generate.compiled_step.cache_clear()
     settings = DecodeSettings(mask_id=mask_id_of(m), compiled=True)
@@ -143,7 +143,7 @@ def test_compiled_decoding_gives_the_eager_tokens(family, B):
     """fp32, every decoder eager and through the compiled step (padded to its widths): NTP, plain
     SBD, exact SBD (at batch 2 its rows reach different cache lengths) and exact sampling with a
     fixed seed. One batch size per family: each compiles 3 graphs (widths 1, k + 1, 2k)."""
-    m = model_lib.lay_out_for_decoding(tiny_models.random_model(family, std=0.5), torch.float32)
+    m = lay_out_for_decoding(tiny_models.random_model(family, std=0.5), torch.float32)
     p = prompts(m, B, 5, seed=1)
     plain = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
     sampled = plain.replace(exact=True, rule="left", temperature=1.0, top_k=20)
@@ -170,5 +170,5 @@ def test_smollm2_int4_is_the_files_own_blocks():
     p = torch.tensor([tokenizer.encode("The capital of France is")])
     reference, _ = tiny_models.ntp(m, p, 8)
     assert four_bit_blocks("smollm2") and four_bit_blocks({"config": {"init_from": "smollm2"}})
-    fast = model_lib.lay_out_for_decoding(m, torch.float32, "int4", math.inf, four_bit=True)
+    fast = lay_out_for_decoding(m, torch.float32, "int4", math.inf, four_bit=True)
     assert tiny_models.ntp(fast, p, 8)[0] == reference
