@@ -72,7 +72,10 @@ def four_bit_blocks(source):
         return False
     from pretrained.load_gguf import four_bit_types
 
-    return bool(four_bit_types(pretrained_path(source)))
+    try:
+        return bool(four_bit_types(pretrained_path(source)))
+    except ConfigError:  # the file is not here (or gguf is not installed): no 4-bit blocks known
+        return False
 
 
 def tokenizer_of(info):
