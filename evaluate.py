@@ -229,15 +229,12 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     model), a row for the model the run started from. fp32_models: (NTP baseline, SBD model) in
     fp32, for the identity check of a bf16 report. options: OPTIONS' keys."""
     ntp_model, sbd_model, checkpoint, task = run or load_small_run(out_dir, device)
-    o = resolve_options(task, options)
-    n = o["max_problems"] or None
+    o, n = resolve_options(task, options), options.get("max_problems") or None
     task.splits = {split: problems[:n] for split, problems in task.splits.items()}
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
-    base = settings_for(checkpoint, gamma=0.0)  # mask and stop tokens, the first-token rule
-    compiled = fast_decoding([ntp_model, sbd_model] + ([reference[1]] if reference else []),
-                             checkpoint, o)
-    base = base.replace(compiled=compiled)
+    compiled = fast_decoding([ntp_model, sbd_model, *(reference or [None])[1:]], checkpoint, o)
+    base = settings_for(checkpoint, gamma=0.0, compiled=compiled)  # mask, stop, first-token rule
     if not base.first_from_ntp:
         print("this SBD model was trained without the NTP term (ntp_weight=0): SBD reveals each "
               "block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "

@@ -35,7 +35,6 @@ from generate import (
     check_mask_id,
     check_prompt,
     decode_forward,
-    hybrid_forward,
     new_cache,
     ntp_generate,
     ntp_run,
@@ -385,7 +384,7 @@ def lockstep_forward(model, cache, rows):
                             for p, n in zip(rows.pending, n_prev)], dtype=torch.long, device=device)
     tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W)
     if len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1: no row has padding
-        logits = hybrid_forward(model, cache, tokens, P)  # plain SBD's forward
+        logits = decode_forward(model, cache, tokens, P)  # plain SBD's forward
     else:  # row b: its n_prev pending tokens, its fed block slots, then the padding slots
         order = torch.tensor([[*range(n), *range(P, P + f), *range(n, P), *range(P + f, P + W)]
                               for n, f in zip(n_prev, fed)], device=device)  # (B, P + W)

@@ -147,35 +147,20 @@ CACHES = {}  # compiled decoding's caches, by (model, batch size, slots, dtype, 
 
 
 # -----------------------------------------------------------------------------
-# the decode step: one forward on the static cache, eager or compiled
-
-
-def step(model, cache, tokens, n_commit, n_real=None):
-    """Every decoding forward: tokens (B, T) at each row's next slots (positions), the first
-    n_commit causal and committed, the next up to n_real a block (sbd.hybrid_mask), the rest
-    padding no real token sees -> logits (B, T, V). n_commit, n_real: ints, or (B,) per row. Fixed
-    shapes per T: torch.compile makes one graph of it per width (compiled_step)."""
-    B, T = tokens.shape
-    n_real = T if n_real is None else n_real
-    if isinstance(n_commit, int) and n_commit == n_real == T:
-        pos = mask = None  # all causal: the model's default positions and mask
-    else:
-        q = cache.lengths[:, None] + torch.arange(T, device=tokens.device)  # (B, T): the slots
-        start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
-        end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
-        mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
-        pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
-    logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
-    return logits
+# the decode step: hybrid_forward (below) on the static cache, eager or compiled
 
 
 def decode_forward(model, cache, tokens, n_commit, n_real=None):
-    """step(), or on a cache of compiled decoding (new_cache with settings.compiled) its compiled
-    graph, the tokens padded to the next of cache.widths (when the cache has room)."""
-    widths = getattr(cache, "widths", None)  # a cache made by new_cache(..., settings)
+    """Every decoding forward: hybrid_forward, or on a cache of compiled decoding (new_cache with
+    settings.compiled) its compiled graph, the tokens padded to the next of cache.widths (when the
+    cache has room; the padding is past n_real, hidden)."""
+    widths, T = getattr(cache, "widths", None), tokens.size(1)  # widths: new_cache(.., settings)
+    causal = isinstance(n_commit, int) and n_commit == T and n_real in (None, T)  # NTP, prefill
+    if widths is None and causal:
+        return model(tokens, cache=cache)[0]  # the model's default positions and mask
     if widths is None:
-        return step(model, cache, tokens, n_commit, n_real)
-    (B, T), n_real = tokens.shape, tokens.size(1) if n_real is None else n_real
+        return hybrid_forward(model, cache, tokens, n_commit, n_real)
+    B, n_real = tokens.size(0), T if n_real is None else n_real
     room = cache.max_len - (int(cache.lengths.max()) if T > 1 else 0)
     W = next((w for w in widths if T <= w <= room), T)  # a new width compiles a new graph
     as_rows = lambda n: torch.as_tensor(n, device=tokens.device).expand(B).contiguous()
@@ -201,18 +186,19 @@ def warm_up(model, prompt, n_slots, settings):
 
 @functools.cache
 def compiled_step(device_type):
-    """torch.compile of step: static shapes (one graph per width and cache size), the whole step
-    one graph. On a CPU, inductor with the weights frozen into the graph as constants, so that it
-    packs them for the CPU's matrix kernels once; on a GPU, CUDA graphs (mode reduce-overhead):
-    one replay per step instead of a kernel launch per op (gpt-fast's recipe)."""
+    """torch.compile of hybrid_forward: static shapes (one graph per width and cache size), each
+    forward one graph. On a CPU inductor, the weights frozen into the graph as constants so that
+    it packs them for the CPU's matrix kernels once; on a GPU CUDA graphs (reduce-overhead): one
+    replay per step instead of a kernel launch per op (gpt-fast's recipe)."""
     check_compiler(device_type)
     torch._dynamo.config.cache_size_limit = 64  # a graph per width, batch size and cache size
     if device_type == "cuda":
-        return torch.compile(step, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        return torch.compile(hybrid_forward, mode="reduce-overhead", fullgraph=True,
+                             dynamic=False)
     import torch._inductor.config as inductor_config
 
     inductor_config.freezing = True
-    return torch.compile(step, fullgraph=True, dynamic=False)
+    return torch.compile(hybrid_forward, fullgraph=True, dynamic=False)
 
 
 def cxx_compiler():
@@ -289,15 +275,26 @@ def ntp_run(model, cache, pending, settings, stop, n, generator=None):
 # set block decoding (Algorithms 2 and 3)
 
 
-def hybrid_forward(model, cache, tokens, n_commit):
+def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
     """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
 
-    The first n_commit tokens are processed causally and committed to the cache; the other
-    T - n_commit are a block whose slots attend to the whole prefix and to each other (hybrid_mask)
-    and are never committed. Position ids are the slot indices. Every SBD forward of the decoders
-    and the benchmarks is this one call (decode_forward: step(), eager or compiled).
+    The first n_commit tokens are processed causally and committed to the cache; the next, up to
+    n_real (default T), are a block whose slots attend to the whole prefix and to each other
+    (hybrid_mask) and are never committed; any after n_real are padding that no real token sees
+    (sbd.cache_mask). n_commit and n_real: ints, or (B,) tensors, a value per row. Each row's
+    tokens go to its next slots (cache.lengths), and a token's position is its slot (padding: 0).
+    Every decoding forward is this one function (decode_forward), eager or compiled: tensors of
+    fixed shapes per T, so torch.compile makes one graph of it per width (compiled_step).
     """
-    return decode_forward(model, cache, tokens, n_commit)
+    T = tokens.size(1)
+    n_real = T if n_real is None else n_real
+    q = cache.next_slots(T)  # (B, T): the slots
+    start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
+    end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
+    mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
+    pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
+    logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
+    return logits
 
 
 def block_forward(model, cache, prev, block):
@@ -309,7 +306,7 @@ def block_forward(model, cache, prev, block):
     n_cached + n_prev + i and predicts the token AT it.
     """
     n_prev = prev.size(1)
-    logits = hybrid_forward(model, cache, torch.cat([prev, block], dim=1), n_prev)  # (B, T, V)
+    logits = decode_forward(model, cache, torch.cat([prev, block], dim=1), n_prev)  # (B, T, V)
     return logits[:, :n_prev], logits[:, n_prev:]
 
 

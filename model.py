@@ -91,6 +91,10 @@ class KVCache:
     def length(self, n):
         self.lengths.fill_(n)
 
+    def next_slots(self, T):
+        """(B, T): the slots of each row's next T tokens, from its length on (their positions)."""
+        return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
+
     def extend(self, layer, k_new, v_new, n_commit):
         """Write T new keys/values at each row's slots [lengths[b], lengths[b] + T); return the
         whole buffers (B, H, max_len, D). Only the first n_commit become cached (forward() adds
@@ -101,8 +105,7 @@ class KVCache:
             raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got {n_commit}")
         if L + T > self.max_len:
             raise ValueError(f"KV cache full: {L} cached + {T} new tokens > max_len {self.max_len}")
-        slots = self.lengths[:, None] + torch.arange(T, device=k_new.device)  # (B, T)
-        index = slots[:, None, :, None].expand(B, H, T, D)
+        index = self.next_slots(T)[:, None, :, None].expand(B, H, T, D)
         self.k[layer].scatter_(2, index, k_new)  # in place: row b's slots start at its length
         self.v[layer].scatter_(2, index, v_new)
         return self.k[layer], self.v[layer]  # (B, nkv, max_len, hd), always the whole buffers
@@ -313,9 +316,7 @@ def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
     torch.compile traces: a compiled decode step is checked by its caller)."""
     B, T = idx.size()
     if pos is None:  # slot positions: 0..T-1, or each row's cache length + 0..T-1
-        pos = torch.arange(T, device=idx.device)  # (T,)
-        if cache is not None:
-            pos = cache.lengths[:, None] + pos  # (B, T)
+        pos = torch.arange(T, device=idx.device) if cache is None else cache.next_slots(T)
     if pos.numel() and not torch.compiler.is_compiling():
         last = int(pos.max())
         if last >= max_seq_len:

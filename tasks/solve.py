@@ -62,7 +62,7 @@ class LeftPadded(torch.nn.Module):
         keys = torch.arange(T, device=idx.device) if cache is None else cache.slots  # (S,)
         own = None
         if pos is None:  # the decoders' default: slot positions, each row after its own length
-            pos = keys[:T] if cache is None else cache.lengths[:, None] + keys[:T]  # (B, T)
+            pos = keys[:T] if cache is None else cache.next_slots(T)  # (B, T)
         if mask is None:  # causal, over the cache's slots
             own = keys == pos[..., None]  # (B, T, S)
             mask = causal_mask(pos[..., None], keys)

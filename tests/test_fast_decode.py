@@ -47,7 +47,7 @@ def test_step_with_rows_of_different_lengths_equals_each_row_uncached(family):
             for layer in range(len(cache.k)):
                 cache.k[layer][b], cache.v[layer][b] = one.k[layer][0], one.v[layer][0]
         cache.lengths = torch.tensor([6, 3])
-        logits = generate.step(m, cache, new, torch.tensor([2, 2]), torch.tensor([5, 5]))
+        logits = generate.hybrid_forward(m, cache, new, torch.tensor([2, 2]), torch.tensor([5, 5]))
     assert cache.lengths.tolist() == [8, 5]  # the 2 pending tokens committed, nothing else
     for b, row in enumerate(cached):
         tokens = torch.cat([row, new[b, :5]])[None]  # (1, n + 5): no padding
