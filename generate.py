@@ -129,17 +129,19 @@ def new_cache(model, prompt, n_slots, settings=None):
     if settings is not None and (settings.exact or settings.compiled):
         n_slots += 2 * settings.k  # room for exact SBD's widest forward, and a compiled width's
     if settings is None or not settings.compiled:
-        return model.new_cache(B, T0 + n_slots, prompt.device, dtype=dtype)
-    max_len = -(-(T0 + n_slots) // 64) * 64
-    key = (id(next(model.parameters())), B, max_len, dtype, prompt.device)
-    if key not in CACHES:
-        CACHES[key] = model.new_cache(B, max_len, prompt.device, dtype=dtype)
-        for t in CACHES[key].k + CACHES[key].v + [CACHES[key].lengths]:
-            torch._dynamo.mark_static_address(t)  # CUDA graphs write them in place
-    cache, k = CACHES[key], settings.k
-    # the widths its forwards are padded to, one graph each: 1 (NTP), and a block with the tokens
-    # it commits (one, or a whole block)
-    cache.length, cache.widths = 0, sorted({1, k + 1, 2 * k})
+        cache = model.new_cache(B, T0 + n_slots, prompt.device, dtype=dtype)
+    else:
+        max_len = -(-(T0 + n_slots) // 64) * 64
+        key = (id(next(model.parameters())), B, max_len, dtype, prompt.device)
+        if key not in CACHES:
+            CACHES[key] = model.new_cache(B, max_len, prompt.device, dtype=dtype)
+            for t in CACHES[key].k + CACHES[key].v + [CACHES[key].lengths]:
+                torch._dynamo.mark_static_address(t)  # CUDA graphs write them in place
+        cache, k = CACHES[key], settings.k
+        # the widths its forwards are padded to, one graph each: 1 (NTP), and a block with the
+        # tokens it commits (one, or a whole block)
+        cache.length, cache.widths = 0, sorted({1, k + 1, 2 * k})
+    cache.n_pad = getattr(model, "n_pad", None)  # tasks.solve.LeftPadded's: a step's input
     return cache
 
 

@@ -53,7 +53,10 @@ class LeftPadded(torch.nn.Module):
 
     def __init__(self, model, n_pad):
         super().__init__()
-        self.model, self.n_pad = model, n_pad  # n_pad (B,) on the model's device
+        # n_pad (B,) on the model's device; decoders put it on their cache (generate.new_cache),
+        # where a compiled step reads it as an input (the module's would be a constant of the
+        # graph: a recompile for every batch)
+        self.model, self.n_pad = model, n_pad
         self.config, self.max_seq_len, self.new_cache = (model.config, model.max_seq_len,
                                                          model.new_cache)
 
@@ -66,14 +69,15 @@ class LeftPadded(torch.nn.Module):
         if mask is None:  # causal, over the cache's slots
             own = keys == pos[..., None]  # (B, T, S)
             mask = causal_mask(pos[..., None], keys)
-        real = torch.arange(mask.size(-1), device=idx.device) >= self.n_pad[:, None]  # (B, S)
+        n_pad = self.n_pad if cache is None else cache.n_pad  # (B,)
+        real = torch.arange(mask.size(-1), device=idx.device) >= n_pad[:, None]  # (B, S)
         if mask.dtype == torch.bool:
             mask = mask & real[:, None, :]  # (B, T, S): no filler key
         else:  # an additive bias: -inf on filler keys
             mask = torch.where(real[:, None, :], mask, float("-inf"))
         if own is not None:
             mask = mask | own
-        pos = (pos - self.n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0
+        pos = (pos - n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0
         return self.model(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
 
 
