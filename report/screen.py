@@ -21,7 +21,8 @@ With two checkpoints (trained on the same data, read with the same k), the paire
 leading runs over the same blocks, with its standard error, and the blocks better and worse.
 With --benchmark (a chat model's val problems, e.g. data/wordproblems/val.jsonl) and
 --decode_problems=n it also decodes n of them for real: NTP accuracy and exact SBD's tokens per
-forward at this k, each block drafted in one forward, the number the read-out stands in for.
+forward at this k, each block drafted in one forward (with each of --draft_floors), the number
+the read-out stands in for.
 """
 
 import json
@@ -48,6 +49,7 @@ OPTIONS = dict(
     batch_size=8,
     benchmark="",  # a chat model's val problems to decode ("" = the read-out only)
     decode_problems=0,  # how many of them
+    draft_floors=(0.0,),  # exact SBD's min_draft_prob values they are decoded with
     answer_marker="####",
     dtype="auto",  # bf16 autocast where the CPU computes it natively
     device="",
@@ -144,14 +146,16 @@ def decode_val(model, checkpoint, tokenizer, o, dtype):
     problems = task.splits["val"]
     base = settings_for(checkpoint, gamma=0.0).replace(k=o["k"])
     ntp = solve(model, task, problems, base, ntp=True, batch_size=32)
-    exact = solve(model, task, problems, base.replace(gamma=ONE_FORWARD, exact=True),
-                  batch_size=32)
-    out = dict(ntp_val_accuracy=ntp["accuracy"], exact_tokens_per_forward=tokens_per_forward(exact),
-               exact_same_as_ntp=sum(a == b for a, b in zip(exact["completions"],
-                                                            ntp["completions"])))
-    print(f"  decoded {len(problems)} val problems: NTP {out['ntp_val_accuracy']:.1f}%, exact "
-          f"k={o['k']} {out['exact_tokens_per_forward']:.2f} tokens per forward "
-          f"({out['exact_same_as_ntp']} completions as NTP's)")
+    out = dict(ntp_val_accuracy=ntp["accuracy"], exact={})
+    for floor in o["draft_floors"]:
+        settings = base.replace(gamma=ONE_FORWARD, exact=True, min_draft_prob=floor)
+        exact = solve(model, task, problems, settings, batch_size=32)
+        same = sum(a == b for a, b in zip(exact["completions"], ntp["completions"]))
+        out["exact"][str(floor)] = dict(tokens_per_forward=tokens_per_forward(exact),
+                                        same_as_ntp=same)
+        print(f"  decoded {len(problems)} val problems: NTP {out['ntp_val_accuracy']:.1f}%, "
+              f"exact k={o['k']} min_draft_prob={floor:g} {tokens_per_forward(exact):.2f} "
+              f"tokens per forward ({same} completions as NTP's)")
     return out
 
 
