@@ -269,8 +269,9 @@ def reveal_step(logits, block, is_masked, settings, generator=None, with_q=False
 #      "operating_k": 16, "exact_k": 16}
 #
 # gamma_low / gamma_high are the largest γ within the accuracy budgets on val (null: none was);
-# gamma_exact and min_draft_prob are the exact mode's fastest γ and draft floor; operating_k (null: no k has a gamma_low) and exact_k
-# are the block sizes with the fewest forwards. No tool rewrites a checkpoint.
+# gamma_exact and min_draft_prob are the exact mode's fastest γ and draft floor; operating_k
+# (null: no k has a gamma_low) and exact_k are the block sizes with the fewest forwards. No tool
+# rewrites a checkpoint.
 
 CALIBRATION_FILE = "calibration.json"
 
