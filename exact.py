@@ -131,13 +131,15 @@ class Rows:
         self.is_masked = torch.zeros(B, K, dtype=torch.bool, device=device)
         self.slots = torch.arange(K, device=device)  # (K,)
         self.revealed_by = torch.full((B, K), -1, device=device)  # forward of the block, per slot
+        self.sure = torch.ones(B, K, dtype=torch.bool, device=device)  # drafts worth checking
         self.forwards = torch.zeros(B, 1, dtype=torch.long, device=device)  # of the current block
         self.q = self.q_pending = None  # sampling: (B, K, V) the draws' distributions
         if settings.temperature > 0:
             self.q = torch.zeros(B, K, vocab_size, device=device)
             self.q_pending = torch.zeros(B, K - 1, vocab_size, device=device)
         self.stats = {name: [0] * B for name in
-                      ("nfe", "accepted", "rejected", "wasted_forwards", "final_checks")}
+                      ("nfe", "accepted", "rejected", "wasted_forwards", "final_checks",
+                               "unchecked")}
         for b in range(B):
             self.new_block(b)
 
@@ -155,7 +157,7 @@ class Rows:
             return
         self.block[b] = self.settings.mask_id
         self.is_masked[b] = self.slots < self.kb[b]
-        self.revealed_by[b], self.forwards[b] = -1, 0
+        self.revealed_by[b], self.forwards[b], self.sure[b] = -1, 0, True
 
     def fed(self, b):
         """Block slots row b feeds next: none if it only checks or commits into a 1-slot block."""
@@ -238,6 +240,9 @@ class Rows:
         self.block[:, :W] = block
         self.is_masked[:, :W] &= ~revealed
         self.revealed_by[:, :W] = torch.where(revealed, self.forwards, self.revealed_by[:, :W])
+        if self.settings.min_draft_prob:
+            sure = sure_drafts(logits, self.settings)  # (B, W)
+            self.sure[:, :W] = torch.where(revealed, sure, self.sure[:, :W])
         self.forwards += drafting  # forwards of each row's block
         return revealed
 
@@ -245,18 +250,26 @@ class Rows:
         """Rows among candidates whose block is complete (no mask left, or a stop token with every
         slot before it revealed) make it their pending tokens and start the next block."""
         complete = stop_reached(self.block, self.is_masked, self.stop) | ~self.is_masked.any(1)
-        state = torch.cat([complete[:, None], self.block, self.revealed_by], dim=1).tolist()
-        complete = [b for b in candidates if state[b][0]]  # (one transfer: flag, block, by)
+        state = torch.cat([complete[:, None], self.block, self.revealed_by, self.sure],
+                          dim=1).tolist()  # one transfer: flag, block, by, sure
+        complete = [b for b in candidates if state[b][0]]
         if self.q is not None and complete:
             self.q_pending[complete] = self.q[complete, 1:]
-        for b in complete:
-            block, by = state[b][1:self.kb[b] + 1], state[b][self.K + 1:]  # the row's kb slots
-            self.finish_block(b, block, by[:self.kb[b]])
+        K, kb = self.K, self.kb
+        for b in complete:  # the row's kb slots of each
+            block, by, sure = (state[b][1 + i * K:1 + i * K + kb[b]] for i in range(3))
+            self.finish_block(b, block, by, sure)
 
-    def finish_block(self, b, block, revealed_by):
-        """Row b's drafted block (its kb tokens) becomes its pending tokens, up to a stop token."""
+    def finish_block(self, b, block, revealed_by, sure):
+        """Row b's drafted block (its kb tokens) becomes its pending tokens, up to a stop token
+        and before the first draft the head is unsure of (sure: per position; min_draft_prob)."""
         n_keep = next((i for i, t in enumerate(block) if t in self.settings.stop_ids),
                       len(block) - 1)
+        n_sure = leading_true(sure[1:n_keep + 1])  # position 0 is NTP's own token
+        self.stats["unchecked"][b] += n_keep - n_sure
+        n_keep = n_sure
+        if self.q_pending is not None:  # no draft after the kept ones: the token after them is
+            self.q_pending[b, n_keep:] = 0  # drawn from p (the residual of p - 0), not from p - q
         self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], revealed_by
         self.new_block(b)
 
@@ -279,16 +292,20 @@ class Rows:
     def settle_on_host(self, cache, logits, n_prev):
         """settle for greedy drafts of whole blocks (on_host): one argmax and one transfer; the
         causal slots give NTP's tokens (the check), the block slots the drafts (the reveal)."""
-        P = max(n_prev)
-        tokens = greedy(suppress_mask(logits, self.settings.mask_id)).tolist()  # (B, P + W)
+        P, s = max(n_prev), self.settings
+        logits = suppress_mask(logits, s.mask_id)
+        tokens = greedy(logits).tolist()  # (B, P + W)
+        W = logits.size(1) - P
+        sure = (sure_drafts(block_predictions(logits[:, P:], s.token_shift), s).tolist()
+                if s.min_draft_prob else [[True] * W] * len(n_prev))  # (B, W) by position
         n_ok = [leading_true([d == t for d, t in zip(p[1:], row)]) if n else 0
                 for p, row, n in zip(self.pending, tokens, n_prev)]  # draft j: causal slot j
         _, _, first = self.commit(cache, n_prev, n_ok, tokens)
         for b in (b for b in range(len(n_prev)) if first[b] and not self.done[b]):
-            kb, shift = self.kb[b], self.settings.token_shift
+            kb, shift = self.kb[b], s.token_shift
             # position 0 is NTP's token, just emitted; position i's draft is at slot read_at(i)
             drafts = tokens[b][P + read_at(1, shift):P + read_at(kb, shift)]
-            self.finish_block(b, self.out[b][-1:] + drafts, [0] * kb)
+            self.finish_block(b, self.out[b][-1:] + drafts, [0] * kb, sure[b][:kb])
 
     def step_record(self, revealed, first, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row
@@ -301,6 +318,16 @@ class Rows:
         tokens = [self.block[b, :n].cpu().clone() for b, n in enumerate(kb)]
         shown = [shown[b, :n].cpu() for b, n in enumerate(kb)]
         return Step(list(self.block_start), tokens, shown, checks)
+
+
+def sure_drafts(block_logits, settings):
+    """(B, W, V) logits of block positions -> (B, W) bool: the masked-token head's largest
+    probability there is at least settings.min_draft_prob. Drafts from the first unsure one on are
+    not checked: a block of drafts that will likely be kept is cheaper to check than a longer one
+    whose rejection throws the next block away. The test reads the head's distribution, not the
+    token drawn from it, so a cut block keeps exact sampling exact."""
+    probs = F.softmax(suppress_mask(block_logits, settings.mask_id).float(), dim=-1)
+    return probs.amax(-1) >= settings.min_draft_prob
 
 
 def leading_true(flags):

@@ -61,11 +61,12 @@ class DecodeStats:
     wall_time: float  # seconds of the whole decode, prefill included
     steps: list = None  # record_steps: one Step per decode forward
     # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
-    # rejected, and forwards that only checked a row's last block
+    # rejected, forwards that only checked a row's last block, drafts never checked (too unsure)
     accepted: list = None
     rejected: list = None
     wasted_forwards: list = None
     final_checks: list = None
+    unchecked: list = None
 
     @property
     def tokens_per_forward(self):

@@ -45,6 +45,7 @@ raw = False  # True: feed the prompt as given (no right-aligning, no chat templa
 mode = "both"  # 'sbd', 'ntp', or 'both': decode each sample both ways and compare
 exact = False  # exact SBD: drafts checked against NTP, the output is NTP's
 adaptive = False  # exact SBD: each block's size follows how many drafts survived
+min_draft_prob = -1.0  # exact SBD: check drafts up to the first this unsure; -1 = calibrated
 k = 0  # SBD block size; 0 = the calibrated one (16 without a calibration)
 gamma = -1.0  # threshold of the reveal rule (γ, or f for 'factor'); -1 = the calibrated one
 rule = ""  # 'entropy', 'confidence' (EB-Sampler), 'left', 'factor'; '' = entropy (left: exact, T>0)
@@ -66,6 +67,9 @@ configure(globals(), sys.argv[1:])
 require(mode in ("sbd", "ntp", "both"), f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
 require(gamma >= 0 or gamma == -1, f"gamma must be >= 0, or -1 for the calibrated one; got {gamma}")
 require(k >= 0, f"k must be >= 1, or 0 for the calibrated one; got {k}")
+require(min_draft_prob == -1 or 0 <= min_draft_prob <= 1 and exact,
+        f"min_draft_prob: a probability with --exact=True, or -1 for the calibrated one; "
+        f"got {min_draft_prob}")
 require(temperature >= 0, f"temperature must be >= 0 (0: greedy), got {temperature}")
 require(top_k >= 0, f"top_k must be >= 1, or 0 for all tokens; got {top_k}")
 require(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
@@ -100,8 +104,10 @@ else:
         settings = settings_for(checkpoint, gamma=0.0, **sampling)
     else:
         calibration = read_calibration(path, checkpoint)
+        floor = {} if min_draft_prob < 0 else dict(min_draft_prob=min_draft_prob)
         settings = settings_for(checkpoint, calibration, k=k or None,
-                                gamma=None if gamma < 0 else gamma, exact=exact, **sampling)
+                                gamma=None if gamma < 0 else gamma, exact=exact, **sampling,
+                                **floor)
 
 four_bit = four_bit_blocks(init_from or checkpoint)  # did the weights come with 4-bit blocks?
 compile, weights = fastest_setup(model, "auto" if compile is None else compile, weights,

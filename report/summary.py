@@ -46,7 +46,7 @@ def write_json(path, record):
 def row_key(name):
     """A row's name without its γ value ('SBD k=16 γ_low=0.01' -> 'SBD k=16 γ_low'), so that runs
     whose calibration chose other values still compare row by row (seeds.py)."""
-    return re.sub(r" γ=\S+$", "", re.sub(r"(γ_low|γ_high)(=\S+|: .*)$", r"\1", name))
+    return re.sub(r" γ=\S+( p≥\S+)?$", "", re.sub(r"(γ_low|γ_high)(=\S+|: .*)$", r"\1", name))
 
 
 def paired(correct, reference):

@@ -25,7 +25,7 @@ def curves(model, task, base, calibration, extra_ks, n, batch_size, exact_batch_
     out = {}
     for k, c in calibration.items():
         tail = [point(k, g) for g in TAIL if g > c["sweep"][-1][0]]
-        out[k] = dict(points=c["sweep"] + tail, exact=max(t for _, t in c["exact_sweep"]),
+        out[k] = dict(points=c["sweep"] + tail, exact=max(s[-1] for s in c["exact_sweep"]),
                       low=c["low"], high=c["high"])
     for k in extra_ks:
         exact = solve(model, task, val, base.replace(k=k, gamma=ONE_FORWARD, exact=True),
