@@ -271,12 +271,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     step_views(sbd_model, task, base, calibration, best_k, exact_k)
     drawn, picture = draw_sweep(sbd_model, task, base, calibration, ntp_val, o, out_dir,
                                 (checkpoint.get("config") or {}).get("k_max"))
-    calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
-    choices = dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"],
-                                   min_draft_prob=c["exact_floor"])
-                      for k, c in calibration.items()},
-                   operating_k=best_k, exact_k=exact_k, calibrated_on=calibrated_on)
-    write_calibration(os.path.join(out_dir, "ckpt_sbd.pt"), checkpoint, choices)
+    write_calibration(os.path.join(out_dir, "ckpt_sbd.pt"), checkpoint,
+                      choices(calibration, best_k, exact_k, task))
     summary = dict(val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
                    ntp_val_accuracy=ntp_val, budgets=budgets, operating_k=best_k, exact_k=exact_k,
                    calibration={str(k): c for k, c in calibration.items()},
@@ -290,6 +286,15 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
           f"{out_dir}/report.json" + (f", the sweep to {picture}" if picture else "")
           + f" ({time.time() - t0:.0f} s for the report)")
     return rows, calibration, wall
+
+
+def choices(calibration, best_k, exact_k, task):
+    """What calibration.json keeps of a calibration (sampling.settings_for reads it)."""
+    calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
+    return dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"],
+                                min_draft_prob=c["exact_floor"])
+                   for k, c in calibration.items()},
+                operating_k=best_k, exact_k=exact_k, calibrated_on=calibrated_on)
 
 
 def fast_decoding(models, checkpoint, o):
