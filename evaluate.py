@@ -25,6 +25,7 @@ every row decoded until its own stop token. Prompts of different lengths are dec
 left-padded (tasks/solve.py); every problem gets the same token budget in every mode.
 """
 
+import itertools
 import os
 import sys
 import time
@@ -33,10 +34,17 @@ import torch
 
 from configurator import configure, pick_device, require
 from model import load_checkpoint
-from pretrained.loading import load_baseline, load_models, load_run, pretrained_path
+from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
+from pretrained.loading import (
+    four_bit_blocks,
+    load_baseline,
+    load_models,
+    load_run,
+    pretrained_path,
+)
 from report.summary import machine, print_paired, summary_rows, write_json
 from report.sweep import curves, plot_sweep
-from report.views import fp32_identity, step_views, wall_clock
+from report.views import exact_name, exact_settings, fp32_identity, step_views, wall_clock
 from sampling import ONE_FORWARD, settings_for, write_calibration
 from tasks import CharTask, task_of_checkpoint
 from tasks.solve import skip_long_prompts, solve, tokens_per_forward
@@ -69,15 +77,19 @@ def within_budget(sweep, floor):
 
 
 def fastest_exact(sweep):
-    """The exact mode's γ of a sweep [(γ, result)]: the fewest forwards; of a tie the largest γ,
-    which runs the reveal rule least (at ONE_FORWARD not at all: every slot in one forward)."""
-    return max(sweep, key=lambda gr: (tokens_per_forward(gr[1]), gr[0]))[0]
+    """The exact mode's (γ, draft floor) of a sweep [(γ, floor, result)]: the fewest forwards; of
+    a tie the largest γ, which runs the reveal rule least (at ONE_FORWARD not at all: every slot in
+    one forward), then the lowest floor (the setting without a cut)."""
+    g, floor, _ = max(sweep, key=lambda s: (tokens_per_forward(s[2]), s[0], -s[1]))
+    return g, floor
 
 
 def calibrate(model, task, base, ntp_val_accuracy, k, low_target, high_target, grid=GAMMA_GRID,
-              batch_size=250, exact_val_problems=200, exact_batch_size=1, exact_grid=EXACT_GRID):
-    """-> dict(low=γ or None, high=γ or None, exact=γ, sweep=[(γ, val acc, tok/fwd)],
-    exact_sweep=[(γ, tok/fwd)]). base: the DecodeSettings every γ of the sweep starts from."""
+              batch_size=250, exact_val_problems=200, exact_batch_size=1, exact_grid=EXACT_GRID,
+              draft_floors=(0.0,)):
+    """-> dict(low=γ or None, high=γ or None, exact=γ, exact_floor=min_draft_prob, sweep=[(γ,
+    val acc, tok/fwd)], exact_sweep=[(γ, floor, tok/fwd)]). base: the DecodeSettings every γ of
+    the sweep starts from. The exact mode tries every γ of exact_grid with every draft floor."""
     val, sweep = task.splits["val"], []
     for g in grid:  # upward, and no further than a γ could still be chosen and gain something:
         r = solve(model, task, val, base.replace(k=k, gamma=g), batch_size=batch_size)
@@ -89,18 +101,19 @@ def calibrate(model, task, base, ntp_val_accuracy, k, low_target, high_target, g
         if len(sweep) > 1 and tokens_per_forward(r) < SATURATED * tokens_per_forward(sweep[-2][1]):
             break  # a larger γ would only add risk: the block is about as fast as it gets
     exact_sweep = []
-    for g in exact_grid:
-        settings = base.replace(k=k, gamma=g, exact=True)
+    for g, floor in itertools.product(exact_grid, draft_floors):
+        settings = base.replace(k=k, gamma=g, exact=True, min_draft_prob=floor)
         r = solve(model, task, val[:exact_val_problems], settings, batch_size=exact_batch_size)
-        exact_sweep.append((g, r))
-        print(f"  calibrate exact k={k:2d} γ={g:<7g} {tokens_per_forward(r):5.2f} tokens/forward "
-              f"({r['rejected']} drafts rejected on {min(len(val), exact_val_problems)} val "
-              "problems)")
+        exact_sweep.append((g, floor, r))
+        print(f"  calibrate exact k={k:2d} γ={g:<7g} min_draft_prob={floor:<4g} "
+              f"{tokens_per_forward(r):5.2f} tokens/forward ({r['rejected']} drafts rejected on "
+              f"{min(len(val), exact_val_problems)} val problems)")
+    g, floor = fastest_exact(exact_sweep)
     return dict(low=within_budget(sweep, ntp_val_accuracy - low_target),
                 high=within_budget(sweep, ntp_val_accuracy - high_target),
-                exact=fastest_exact(exact_sweep),
+                exact=g, exact_floor=floor,
                 sweep=[(g, r["accuracy"], tokens_per_forward(r)) for g, r in sweep],
-                exact_sweep=[(g, tokens_per_forward(r)) for g, r in exact_sweep])
+                exact_sweep=[(g, f, tokens_per_forward(r)) for g, f, r in exact_sweep])
 
 
 def table_rows(ntp_model, sbd_model, task, base, calibration, budgets, batch_size=250,
@@ -122,7 +135,7 @@ def table_rows(ntp_model, sbd_model, task, base, calibration, budgets, batch_siz
             rows.append((f"SBD k={k} γ_{name}={g:g}" if g is not None else
                          f"SBD k={k} γ_{name}: no γ within {budgets[name]} points on val",
                          decoded.get(g)))
-        exact = solve(sbd_model, task, test, base.replace(k=k, gamma=chosen["exact"], exact=True),
+        exact = solve(sbd_model, task, test, exact_settings(base, k, chosen),
                       batch_size=exact_batch_size)
         same = sum(a == b for a, b in zip(exact["completions"], sbd_ntp["completions"]))
         exact["same_as_ntp"] = same
@@ -132,7 +145,7 @@ def table_rows(ntp_model, sbd_model, task, base, calibration, budgets, batch_siz
         if same != len(test) and next(sbd_model.parameters()).dtype == torch.float32:
             raise RuntimeError(f"exact SBD k={k} differs from the SBD model's NTP decoding on "
                                f"{len(test) - same} of {len(test)} test problems")
-        rows.append((f"SBD exact k={k} γ={chosen['exact']:g}", exact))
+        rows.append((f"SBD exact k={k} {exact_name(chosen)}", exact))
     return rows
 
 
@@ -170,7 +183,7 @@ def operating_point(calibration):
 
 def exact_operating_point(calibration):
     """The k whose exact mode decodes with the fewest forwards on val."""
-    return max(calibration, key=lambda k: max(tpf for _, tpf in calibration[k]["exact_sweep"]))
+    return max(calibration, key=lambda k: max(s[-1] for s in calibration[k]["exact_sweep"]))
 
 
 def load_small_run(out_dir, device):
@@ -196,6 +209,7 @@ OPTIONS = dict(
     exact_batch_size=0,  # prompts decoded together by the exact mode (0 = batch_size)
     exact_val_problems=0,  # val problems that pick the exact mode's γ
     exact_gammas=(),  # the γ values they try; () = EXACT_GRID
+    draft_floors=(0.0,),  # and the min_draft_prob values, with each γ (0: check every draft)
     timing_problems=0,  # test problems decoded one at a time for the wall-clock comparison
     # a chat model (train.py with a pretrained init_from) on a JSONL benchmark (pretrained.py)
     benchmark="",  # test rows {"prompt": ..., "answer": ...}; '' = the small demo of out_dir
@@ -209,6 +223,9 @@ OPTIONS = dict(
     dtype="float32",  # decoding: 'float32', 'bfloat16', or 'auto' (bf16 where the device has it)
     fp32_check_problems=0,  # decoding in bf16: decode this many test problems in fp32 as well,
     # where exact SBD must give the NTP decoding's output, token for token
+    compile=None,  # True: every forward through torch.compile's graphs; None: auto (10M+ params)
+    weights="auto",  # 'trained', 'int8', 'int4' (a GGUF file's 4-bit blocks); 'auto': int4 if any
+    quantized_rows=1,  # int8/int4 kernels for forwards of up to this many rows (wider: dense)
 )
 
 
@@ -219,12 +236,12 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     model), a row for the model the run started from. fp32_models: (NTP baseline, SBD model) in
     fp32, for the identity check of a bf16 report. options: OPTIONS' keys."""
     ntp_model, sbd_model, checkpoint, task = run or load_small_run(out_dir, device)
-    o = resolve_options(task, options)
-    n = o["max_problems"] or None
+    o, n = resolve_options(task, options), options.get("max_problems") or None
     task.splits = {split: problems[:n] for split, problems in task.splits.items()}
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
-    base = settings_for(checkpoint, gamma=0.0)  # mask and stop tokens, the first-token rule
+    compiled = fast_decoding([ntp_model, sbd_model, *(reference or [None])[1:]], checkpoint, o)
+    base = settings_for(checkpoint, gamma=0.0, compiled=compiled)  # mask, stop, first-token rule
     if not base.first_from_ntp:
         print("this SBD model was trained without the NTP term (ntp_weight=0): SBD reveals each "
               "block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
@@ -254,11 +271,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     step_views(sbd_model, task, base, calibration, best_k, exact_k)
     drawn, picture = draw_sweep(sbd_model, task, base, calibration, ntp_val, o, out_dir,
                                 (checkpoint.get("config") or {}).get("k_max"))
-    calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
-    choices = dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"])
-                      for k, c in calibration.items()},
-                   operating_k=best_k, exact_k=exact_k, calibrated_on=calibrated_on)
-    write_calibration(os.path.join(out_dir, "ckpt_sbd.pt"), checkpoint, choices)
+    write_calibration(os.path.join(out_dir, "ckpt_sbd.pt"), checkpoint,
+                      choices(calibration, best_k, exact_k, task))
     summary = dict(val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
                    ntp_val_accuracy=ntp_val, budgets=budgets, operating_k=best_k, exact_k=exact_k,
                    calibration={str(k): c for k, c in calibration.items()},
@@ -272,6 +286,28 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
           f"{out_dir}/report.json" + (f", the sweep to {picture}" if picture else "")
           + f" ({time.time() - t0:.0f} s for the report)")
     return rows, calibration, wall
+
+
+def choices(calibration, best_k, exact_k, task):
+    """What calibration.json keeps of a calibration (sampling.settings_for reads it)."""
+    calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
+    return dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"],
+                                min_draft_prob=c["exact_floor"])
+                   for k, c in calibration.items()},
+                operating_k=best_k, exact_k=exact_k, calibrated_on=calibrated_on)
+
+
+def fast_decoding(models, checkpoint, o):
+    """Lay every model's weights out for decoding as o's compile, weights and quantized_rows say
+    ('auto': decode_layout.fastest_setup) -> whether they decode compiled."""
+    four_bit = four_bit_blocks(checkpoint)
+    compile, weights = fastest_setup(models[-1], "auto" if o["compile"] is None else o["compile"],
+                                     o["weights"], four_bit)
+    for model in models:
+        lay_out_for_decoding(model, next(model.parameters()).dtype, weights, o["quantized_rows"],
+                             four_bit)
+    print(f"decoding: {weights} weights, " + ("compiled" if compile else "eager"))
+    return compile
 
 
 def draw_sweep(model, task, base, calibration, ntp_val, o, out_dir, trained_k):
@@ -306,8 +342,14 @@ def check_options(o):
     for key in ("ks", "picture_ks"):
         require(all(k >= 1 for k in o[key]), f"{key}: block sizes must be >= 1, got {o[key]}")
     require(o["ks"], "ks: name at least one block size, e.g. --ks=(8,16)")
+    require(o["compile"] in (True, False, None), f"compile must be True or False: {o['compile']!r}")
+    require(o["weights"] in (*WEIGHTS, "auto"),
+            f"weights must be one of {WEIGHTS} or 'auto', got {o['weights']!r}")
+    require(o["quantized_rows"] >= 1, f"quantized_rows must be >= 1, got {o['quantized_rows']}")
     for key in ("gamma_grid", "exact_gammas"):
         require(all(g >= 0 for g in o[key]), f"{key}: γ values must be >= 0, got {o[key]}")
+    require(o["draft_floors"] and all(0 <= f <= 1 for f in o["draft_floors"]),
+            f"draft_floors: probabilities in [0, 1], e.g. (0,0.5); got {o['draft_floors']}")
     return o
 
 
@@ -326,7 +368,7 @@ def calibrate_all(ntp_model, sbd_model, task, base, o):
     calibration = {k: calibrate(sbd_model, task, base, ntp_val, k, o["low_target"],
                                 o["high_target"], o["grid"], o["batch_size"],
                                 o["exact_val_problems"], o["exact_batch_size"],
-                                o["exact_gammas"] or EXACT_GRID)
+                                o["exact_gammas"] or EXACT_GRID, o["draft_floors"])
                    for k in o["ks"]}
     return ntp_val, calibration
 

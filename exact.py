@@ -15,9 +15,10 @@ predictions as the draft model:
 So the greedy output is greedy NTP's, token for token, and the sampled output is distributed as NTP
 sampling's; γ and the block size only trade forwards on rejected drafts against tokens per forward.
 
-Rows of a batch keep different numbers of drafts, so each row has its own cache length (RowCache),
-and all rows run their forwards in lockstep: a forward feeds every row's pending tokens and block,
-padded to the widest row, and its mask (exact_mask) hides the padding.
+Rows of a batch keep different numbers of drafts, so each row has its own cache length (the static
+cache's lengths, model.KVCache), and all rows run their forwards in lockstep: a forward feeds every
+row's pending tokens and block, one after the other, padded at the end to the widest row, and its
+mask (sbd.cache_mask) hides the padding.
 
     tokens, stats = exact_generate(model, prompts, DecodeSettings(mask_id=31, exact=True), 64)
 """
@@ -33,7 +34,7 @@ from generate import (
     Step,
     check_mask_id,
     check_prompt,
-    hybrid_forward,
+    decode_forward,
     new_cache,
     ntp_generate,
     ntp_run,
@@ -41,96 +42,10 @@ from generate import (
     sbd_generate,
     stop_reached,
 )
-from model import KVCache
 from sampling import ONE_FORWARD, filter_logits, greedy, reveal_step, sample, suppress_mask
-from sbd import block_predictions, hybrid_mask, read_at
+from sbd import block_predictions, read_at
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
-
-
-class RowCache(KVCache):
-    """A KV cache (the model's KVCache's buffers, (B, n_kv_head, max_len, head_dim) per layer) in
-    which row b's committed tokens sit in slots [0, lengths[b]). With equal lengths (always at
-    batch 1) a forward is KVCache's; else row b's T new keys go to slots [lengths[b], lengths[b] +
-    T), attending over [0, max(lengths) + T): the caller's mask hides the stale slots. commit(n)
-    commits every row's first n new tokens; forget(b, n) drops a surplus (padding, drafts)."""
-
-    def __init__(self, cache, batch_size):
-        self.k, self.v, self.max_len = cache.k, cache.v, cache.max_len
-        self.lengths = [0] * batch_size  # host ints: the decoder reads them every forward anyway
-        self.common = 0  # the rows' common length, None while they differ (kept, not recounted)
-        self.index = None  # (B, 1, T, 1) slots of the new tokens, made once per forward
-
-    @property
-    def length(self):
-        """The common length, while every row has the same (the prefill's default path)."""
-        if self.common is None:
-            raise ValueError("rows have different cache lengths: pass positions and a mask")
-        return self.common
-
-    def extend(self, layer, k_new, v_new, n_commit):
-        if self.common is not None:
-            return super().extend(layer, k_new, v_new, n_commit)
-        B, H, T, D = k_new.shape
-        end = max(self.lengths) + T
-        if end > self.max_len:
-            raise ValueError(f"KV cache full: {end} slots needed, max_len {self.max_len}")
-        if self.index is None or self.index.size(2) != T:
-            start = torch.tensor(self.lengths, device=k_new.device)[:, None]  # (B, 1)
-            self.index = (start + torch.arange(T, device=k_new.device))[:, None, :, None]
-        index = self.index.expand(B, H, T, D)  # (B, H, T, D): row b's slots start at its length
-        self.k[layer].scatter_(2, index, k_new)
-        self.v[layer].scatter_(2, index, v_new)
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def commit(self, n):
-        self.lengths = [length + n for length in self.lengths]
-        self.common, self.index = None if self.common is None else self.common + n, None
-
-    def forget(self, row, n):
-        """Row `row` drops its last n committed tokens (they become scratch)."""
-        self.lengths[row] -= n
-        self.common = self.lengths[0] if len(set(self.lengths)) == 1 else None
-
-
-def slot_roles(i, n_prev, kb, P):
-    """For slot i of a lockstep forward (P pending slots, then block slots), with the row's n_prev
-    pending tokens and kb block slots: (is it one of the row's tokens, its index among them)."""
-    real = (i < n_prev) | (i >= P) & (i < P + kb)
-    return real, torch.where(i < P, i, i - P + n_prev)
-
-
-def exact_mask(q, kv, n_cached, n_prev, kb, P):
-    """Mask of one lockstep forward for one row (True = may attend); pure in (q, kv).
-
-    The forward feeds P slots of pending tokens (the row's n_prev, then padding), then block slots
-    (the row's kb, then padding); q is such a slot, kv a cache slot, and the forward's tokens are
-    written from cache slot n_cached on. Without the padding this is hybrid_mask over [cache ;
-    pending ; block]: each slot is mapped to its index among the row's new tokens, padding sees
-    only itself (a query seeing no key makes softmax NaN), nothing sees padding or stale slots."""
-    t = kv - n_cached  # which new token key kv holds (< 0: a committed one)
-    real_q, q_new = slot_roles(q, n_prev, kb, P)
-    real_kv, kv_new = slot_roles(t, n_prev, kb, P)
-    return real_q & real_kv & hybrid_mask(q_new, kv_new, n_prev) | (t == q)
-
-
-def lockstep_inputs(cache, pending, n_prev, block, kb):
-    """Tokens (B, T), positions (B, T) and mask (B, T, S) of one lockstep forward.
-
-    pending (B, P) and block (B, K) are padded; row b uses n_prev[b] and kb[b] of them. A row's
-    tokens take the positions they have alone; padding takes position 0 (nothing reads it)."""
-    device = pending.device
-    P, K = pending.size(1), block.size(1)
-    tokens = torch.cat([pending, block], dim=1)  # (B, T)
-    n_cached = torch.tensor(cache.lengths, device=device)[:, None, None]  # (B, 1, 1)
-    q = torch.arange(P + K, device=device)[None, :, None]  # (1, T, 1)
-    kv = torch.arange(max(cache.lengths) + P + K, device=device)[None, None, :]  # (1, 1, S)
-    n_prev = torch.as_tensor(n_prev, device=device)[:, None, None]
-    kb = torch.as_tensor(kb, device=device)[:, None, None]
-    mask = exact_mask(q, kv, n_cached, n_prev, kb, P)  # (B, T, S)
-    real, index = slot_roles(q, n_prev, kb, P)  # (B, T, 1)
-    pos = torch.where(real, n_cached + index, 0)[:, :, 0]  # (B, T)
-    return tokens, pos, mask
 
 
 # -----------------------------------------------------------------------------
@@ -167,7 +82,10 @@ def accept_sampled(drafts, q, p, generator=None):
 def next_block_size(k, n_drafts, n_ok, patience, wait, K):
     """Adaptive block size of one row after a check of n_drafts drafts, n_ok of them kept.
 
-    Rule: every draft kept -> the block doubles (at most K); some kept, then one rejected -> the
+    Rule: a row's first block has 2 slots (patience 0: no evidence yet), and if its draft is kept
+    the next has K: a first block of K would cost two wide forwards on a model whose drafts all
+    fail, and one forward of 2 slots is all that starting small costs one that drafts well. After
+    that, every draft kept -> the block doubles (at most K); some kept, then one rejected -> the
     block stays (a forward of a few more slots costs little, and smaller blocks than trained on
     draft worse); none kept -> blocks of 1: plain NTP, one token fed per forward and nothing
     drafted (exact_generate's ntp_step). Such a row tries k = 2 again after `patience` blocks; its
@@ -177,10 +95,10 @@ def next_block_size(k, n_drafts, n_ok, patience, wait, K):
         wait = max(wait - 1, 0)
         return (min(2, K) if k == 1 and wait == 0 else k), patience, wait
     if n_ok == n_drafts:
-        return min(2 * k, K), 1, 0
+        return (K if patience == 0 else min(2 * k, K)), 1, 0
     if n_ok == 0:
-        return 1, min(4 * patience, MAX_PATIENCE), patience
-    return k, patience, 0
+        return 1, min(4 * max(patience, 1), MAX_PATIENCE), max(patience, 1)
+    return k, max(patience, 1), 0
 
 
 # -----------------------------------------------------------------------------
@@ -204,20 +122,24 @@ class Rows:
         self.out, self.done = [[] for _ in range(B)], [False] * B  # checked tokens; row done
         self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
         self.pending_revealed_by = [[] for _ in range(B)]  # forward of its block, per pending slot
-        self.k, self.patience, self.wait = [K] * B, [1] * B, [0] * B  # the block size's state
+        # the block size's state (adaptive: a first block of 2, patience 0: next_block_size)
+        first = min(2, K) if settings.adaptive else K
+        self.k, self.patience, self.wait = [first] * B, [0] * B, [0] * B
         self.kb = [0] * B  # slots of the block being drafted (0: the next forward only checks)
         self.block_start = [0] * B  # index of the block's first token among the row's tokens
         self.block = torch.full((B, K), settings.mask_id, device=device)  # (B, K)
         self.is_masked = torch.zeros(B, K, dtype=torch.bool, device=device)
         self.slots = torch.arange(K, device=device)  # (K,)
         self.revealed_by = torch.full((B, K), -1, device=device)  # forward of the block, per slot
+        self.sure = torch.ones(B, K, dtype=torch.bool, device=device)  # drafts worth checking
         self.forwards = torch.zeros(B, 1, dtype=torch.long, device=device)  # of the current block
         self.q = self.q_pending = None  # sampling: (B, K, V) the draws' distributions
         if settings.temperature > 0:
             self.q = torch.zeros(B, K, vocab_size, device=device)
             self.q_pending = torch.zeros(B, K - 1, vocab_size, device=device)
         self.stats = {name: [0] * B for name in
-                      ("nfe", "accepted", "rejected", "wasted_forwards", "final_checks")}
+                      ("nfe", "accepted", "rejected", "wasted_forwards", "final_checks",
+                               "unchecked")}
         for b in range(B):
             self.new_block(b)
 
@@ -235,7 +157,7 @@ class Rows:
             return
         self.block[b] = self.settings.mask_id
         self.is_masked[b] = self.slots < self.kb[b]
-        self.revealed_by[b], self.forwards[b] = -1, 0
+        self.revealed_by[b], self.forwards[b], self.sure[b] = -1, 0, True
 
     def fed(self, b):
         """Block slots row b feeds next: none if it only checks or commits into a 1-slot block."""
@@ -318,6 +240,9 @@ class Rows:
         self.block[:, :W] = block
         self.is_masked[:, :W] &= ~revealed
         self.revealed_by[:, :W] = torch.where(revealed, self.forwards, self.revealed_by[:, :W])
+        if self.settings.min_draft_prob:
+            sure = sure_drafts(logits, self.settings)  # (B, W)
+            self.sure[:, :W] = torch.where(revealed, sure, self.sure[:, :W])
         self.forwards += drafting  # forwards of each row's block
         return revealed
 
@@ -325,18 +250,26 @@ class Rows:
         """Rows among candidates whose block is complete (no mask left, or a stop token with every
         slot before it revealed) make it their pending tokens and start the next block."""
         complete = stop_reached(self.block, self.is_masked, self.stop) | ~self.is_masked.any(1)
-        state = torch.cat([complete[:, None], self.block, self.revealed_by], dim=1).tolist()
-        complete = [b for b in candidates if state[b][0]]  # (one transfer: flag, block, by)
+        state = torch.cat([complete[:, None], self.block, self.revealed_by, self.sure],
+                          dim=1).tolist()  # one transfer: flag, block, by, sure
+        complete = [b for b in candidates if state[b][0]]
         if self.q is not None and complete:
             self.q_pending[complete] = self.q[complete, 1:]
-        for b in complete:
-            block, by = state[b][1:self.kb[b] + 1], state[b][self.K + 1:]  # the row's kb slots
-            self.finish_block(b, block, by[:self.kb[b]])
+        K, kb = self.K, self.kb
+        for b in complete:  # the row's kb slots of each
+            block, by, sure = (state[b][1 + i * K:1 + i * K + kb[b]] for i in range(3))
+            self.finish_block(b, block, by, sure)
 
-    def finish_block(self, b, block, revealed_by):
-        """Row b's drafted block (its kb tokens) becomes its pending tokens, up to a stop token."""
+    def finish_block(self, b, block, revealed_by, sure):
+        """Row b's drafted block (its kb tokens) becomes its pending tokens, up to a stop token
+        and before the first draft the head is unsure of (sure: per position; min_draft_prob)."""
         n_keep = next((i for i, t in enumerate(block) if t in self.settings.stop_ids),
                       len(block) - 1)
+        n_sure = leading_true(sure[1:n_keep + 1])  # position 0 is NTP's own token
+        self.stats["unchecked"][b] += n_keep - n_sure
+        n_keep = n_sure
+        if self.q_pending is not None:  # no draft after the kept ones: the token after them is
+            self.q_pending[b, n_keep:] = 0  # drawn from p (the residual of p - 0), not from p - q
         self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], revealed_by
         self.new_block(b)
 
@@ -359,16 +292,20 @@ class Rows:
     def settle_on_host(self, cache, logits, n_prev):
         """settle for greedy drafts of whole blocks (on_host): one argmax and one transfer; the
         causal slots give NTP's tokens (the check), the block slots the drafts (the reveal)."""
-        P = max(n_prev)
-        tokens = greedy(suppress_mask(logits, self.settings.mask_id)).tolist()  # (B, P + W)
+        P, s = max(n_prev), self.settings
+        logits = suppress_mask(logits, s.mask_id)
+        tokens = greedy(logits).tolist()  # (B, P + W)
+        W = logits.size(1) - P
+        sure = (sure_drafts(block_predictions(logits[:, P:], s.token_shift), s).tolist()
+                if s.min_draft_prob else [[True] * W] * len(n_prev))  # (B, W) by position
         n_ok = [leading_true([d == t for d, t in zip(p[1:], row)]) if n else 0
                 for p, row, n in zip(self.pending, tokens, n_prev)]  # draft j: causal slot j
         _, _, first = self.commit(cache, n_prev, n_ok, tokens)
         for b in (b for b in range(len(n_prev)) if first[b] and not self.done[b]):
-            kb, shift = self.kb[b], self.settings.token_shift
+            kb, shift = self.kb[b], s.token_shift
             # position 0 is NTP's token, just emitted; position i's draft is at slot read_at(i)
             drafts = tokens[b][P + read_at(1, shift):P + read_at(kb, shift)]
-            self.finish_block(b, self.out[b][-1:] + drafts, [0] * kb)
+            self.finish_block(b, self.out[b][-1:] + drafts, [0] * kb, sure[b][:kb])
 
     def step_record(self, revealed, first, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row
@@ -381,6 +318,16 @@ class Rows:
         tokens = [self.block[b, :n].cpu().clone() for b, n in enumerate(kb)]
         shown = [shown[b, :n].cpu() for b, n in enumerate(kb)]
         return Step(list(self.block_start), tokens, shown, checks)
+
+
+def sure_drafts(block_logits, settings):
+    """(B, W, V) logits of block positions -> (B, W) bool: the masked-token head's largest
+    probability there is at least settings.min_draft_prob. Drafts from the first unsure one on are
+    not checked: a block of drafts that will likely be kept is cheaper to check than a longer one
+    whose rejection throws the next block away. The test reads the head's distribution, not the
+    token drawn from it, so a cut block keeps exact sampling exact."""
+    probs = F.softmax(suppress_mask(block_logits, settings.mask_id).float(), dim=-1)
+    return probs.amax(-1) >= settings.min_draft_prob
 
 
 def leading_true(flags):
@@ -408,7 +355,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    cache = RowCache(new_cache(model, prompt, max_new_tokens + 2 * settings.k), prompt.size(0))
+    cache = new_cache(model, prompt, max_new_tokens, settings)  # and 2k of room
     _, prefill_info = prefill(model, prompt, cache)
     rows = Rows(prompt, settings, max_new_tokens, model.config.vocab_size,
                 tensor_state=record_steps)
@@ -430,8 +377,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
 def ntp_step(model, cache, rows, generator):
     """If every row is at blocks of 1 with no draft to check (adaptive; k = 1): NTP's own loop up
     to a row's next try at drafting, with the lockstep path's tokens, draws, stats. -> forwards."""
-    if (any(rows.done) or len(set(cache.lengths)) > 1
-            or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending))):
+    if any(rows.done) or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending)):
         return 0
     n = min(rows.max_new_tokens - len(out) for out in rows.out)  # no row past its budget
     # adaptive: a row waiting w more blocks tries k = 2 after its w-th token
@@ -453,22 +399,29 @@ def ntp_step(model, cache, rows, generator):
 
 
 def lockstep_forward(model, cache, rows):
-    """One forward of every row's pending tokens and block, padded to the widest row -> logits
-    (B, P + W, V), pending (B, P), n_prev and fed per row."""
+    """One forward of every row's pending tokens and block -> logits (B, P + W, V) of the padded
+    layout [pending (B, P) ; block (B, W)], pending (B, P), n_prev and fed per row. Each row feeds
+    its own tokens one after the other, at its own cache slots, padded at the end to the widest
+    row (the mask hides the padding, sbd.cache_mask); its logits are put back in that layout."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
     fed = [rows.fed(b) for b in range(len(n_prev))]
     P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id
+    device = rows.block.device
     pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
-                            for p, n in zip(rows.pending, n_prev)], dtype=torch.long,
-                           device=rows.block.device)
-    if len(set(cache.lengths)) == len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1
-        tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W): no padding
-        logits = hybrid_forward(model, cache, tokens, P)  # plain SBD's forward
-    else:
-        tokens, pos, mask = lockstep_inputs(cache, pending, n_prev, rows.block[:, :W], fed)
-        logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=P)
+                            for p, n in zip(rows.pending, n_prev)], dtype=torch.long, device=device)
+    tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W)
+    if len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1: no row has padding
+        logits = decode_forward(model, cache, tokens, P)  # plain SBD's forward
+    else:  # row b: its n_prev pending tokens, its fed block slots, then the padding slots
+        order = torch.tensor([[*range(n), *range(P, P + f), *range(n, P), *range(P + f, P + W)]
+                              for n, f in zip(n_prev, fed)], device=device)  # (B, P + W)
+        n_real = [n + f for n, f in zip(n_prev, fed)]
+        logits = decode_forward(model, cache, tokens.gather(1, order),
+                                torch.tensor(n_prev, device=device),
+                                torch.tensor(n_real, device=device))
+        back = order.argsort(dim=1)[..., None].expand(-1, -1, logits.size(-1))  # (B, P + W, V)
+        logits = logits.gather(1, back)
     for b in range(len(n_prev)):
-        cache.forget(b, P - n_prev[b])  # the padding was committed with the pending tokens
         rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])
     return logits, pending, n_prev, fed
 

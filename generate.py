@@ -12,14 +12,18 @@ later forward feeds the newest tokens.
     tokens, stats = sbd_generate(model, prompt, settings, max_new_tokens=64)
 """
 
+import functools
+import os
+import shutil
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from configurator import ConfigError
 from sampling import next_token, reveal_step
-from sbd import block_predictions, hybrid_bias
+from sbd import block_predictions, cache_mask
 
 # -----------------------------------------------------------------------------
 # what a decode returns besides the tokens
@@ -57,11 +61,12 @@ class DecodeStats:
     wall_time: float  # seconds of the whole decode, prefill included
     steps: list = None  # record_steps: one Step per decode forward
     # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
-    # rejected, and forwards that only checked a row's last block
+    # rejected, forwards that only checked a row's last block, drafts never checked (too unsure)
     accepted: list = None
     rejected: list = None
     wasted_forwards: list = None
     final_checks: list = None
+    unchecked: list = None
 
     @property
     def tokens_per_forward(self):
@@ -109,15 +114,107 @@ def prefill(model, prompt, cache):
     """
     t0 = time.perf_counter()
     if prompt.size(1) > 1:
-        model(prompt[:, :-1], cache=cache)
+        model(prompt[:, :-1], cache=cache)  # eager: a width that runs once per decode
     synchronize(prompt.device)
     info = dict(prefill_forwards=int(prompt.size(1) > 1), prefill_time=time.perf_counter() - t0)
     return prompt[:, -1:], info
 
 
-def new_cache(model, prompt, n_slots):
+def new_cache(model, prompt, n_slots, settings=None):
+    """The static KV cache of a decode: room for the prompt and n_slots more (2k more for exact or
+    compiled decoding). With settings.compiled, one kept for every later decode of that size (its
+    length set back to 0), rounded up to a multiple of 64: a compiled graph is made for one
+    cache's shapes, so NTP and SBD decodes of similar lengths share it."""
     B, T0 = prompt.shape
-    return model.new_cache(B, T0 + n_slots, prompt.device, dtype=next(model.parameters()).dtype)
+    dtype = next(model.parameters()).dtype
+    if settings is not None and (settings.exact or settings.compiled):
+        n_slots += 2 * settings.k  # room for exact SBD's widest forward, and a compiled width's
+    if settings is None or not settings.compiled:
+        cache = model.new_cache(B, T0 + n_slots, prompt.device, dtype=dtype)
+    else:
+        max_len = -(-(T0 + n_slots) // 64) * 64
+        key = (id(next(model.parameters())), B, max_len, dtype, prompt.device)
+        if key not in CACHES:
+            CACHES[key] = model.new_cache(B, max_len, prompt.device, dtype=dtype)
+            for t in CACHES[key].k + CACHES[key].v + [CACHES[key].lengths]:
+                torch._dynamo.mark_static_address(t)  # CUDA graphs write them in place
+        cache, k = CACHES[key], settings.k
+        # the widths its forwards are padded to, one graph each: 1 (NTP), and a block with the
+        # tokens it commits (one, or a whole block)
+        cache.length, cache.widths = 0, sorted({1, k + 1, 2 * k})
+    cache.n_pad = getattr(model, "n_pad", None)  # tasks.solve.LeftPadded's: a step's input
+    return cache
+
+
+CACHES = {}  # compiled decoding's caches, by (model, batch size, slots, dtype, device)
+
+
+# -----------------------------------------------------------------------------
+# the decode step: hybrid_forward (below) on the static cache, eager or compiled
+
+
+def decode_forward(model, cache, tokens, n_commit, n_real=None):
+    """Every decoding forward: hybrid_forward, or on a cache of compiled decoding (new_cache with
+    settings.compiled) its compiled graph, the tokens padded to the next of cache.widths (when the
+    cache has room; the padding is past n_real, hidden)."""
+    widths, T = getattr(cache, "widths", None), tokens.size(1)  # widths: new_cache(.., settings)
+    causal = isinstance(n_commit, int) and n_commit == T and n_real in (None, T)  # NTP, prefill
+    if widths is None and causal:
+        return model(tokens, cache=cache)[0]  # the model's default positions and mask
+    if widths is None:
+        return hybrid_forward(model, cache, tokens, n_commit, n_real)
+    B, n_real = tokens.size(0), T if n_real is None else n_real
+    room = cache.max_len - (int(cache.lengths.max()) if T > 1 else 0)
+    W = next((w for w in widths if T <= w <= room), T)  # a new width compiles a new graph
+    as_rows = lambda n: torch.as_tensor(n, device=tokens.device).expand(B).contiguous()
+    padded = tokens.new_zeros(B, W)  # (B, W), the strides of every call: no recompile
+    padded[:, :T] = tokens
+    logits = compiled_step(tokens.device.type)(model, cache, padded, as_rows(n_commit),
+                                               as_rows(n_real))[:, :T]
+    return logits.clone() if tokens.is_cuda else logits  # a CUDA graph's next replay reuses it
+
+
+def warm_up(model, prompt, n_slots, settings):
+    """Compile every width of a compiled decode of prompt (B, T0) and n_slots new tokens before it
+    starts -> seconds (a later process finds inductor's graphs on disk)."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():  # as the decoders: its cache is theirs
+        cache = new_cache(model, prompt, n_slots, settings)
+        for width in cache.widths:
+            decode_forward(model, cache, prompt[:, :1].expand(-1, width), 1)
+            cache.length = 0
+    synchronize(prompt.device)
+    return time.perf_counter() - t0
+
+
+@functools.cache
+def compiled_step(device_type):
+    """torch.compile of hybrid_forward: static shapes (one graph per width and cache size), each
+    forward one graph. On a CPU inductor, the weights frozen into the graph as constants so that
+    it packs them for the CPU's matrix kernels once; on a GPU CUDA graphs (reduce-overhead): one
+    replay per step instead of a kernel launch per op (gpt-fast's recipe)."""
+    check_compiler(device_type)
+    torch._dynamo.config.cache_size_limit = 64  # a graph per width, batch size and cache size
+    if device_type == "cuda":
+        return torch.compile(hybrid_forward, mode="reduce-overhead", fullgraph=True,
+                             dynamic=False)
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    return torch.compile(hybrid_forward, fullgraph=True, dynamic=False)
+
+
+def cxx_compiler():
+    """The C++ compiler torch.compile would use on a CPU ($CXX, g++, c++, clang++), or None."""
+    names = (os.environ.get("CXX"), "g++", "c++", "clang++")
+    return next((name for name in names if name and shutil.which(name)), None)
+
+
+def check_compiler(device_type):
+    """torch.compile on a CPU writes C++: a one-line error where no compiler is found."""
+    if device_type == "cpu" and cxx_compiler() is None:
+        raise ConfigError("compile=True needs a C++ compiler for torch.compile on a CPU "
+                          "(apt-get install g++, or set CXX); or decode eagerly: compile=False")
 
 
 def synchronize(device):
@@ -157,7 +254,7 @@ def ntp_generate(model, prompt, settings, max_new_tokens, generator=None, record
     """
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
-    cache = new_cache(model, prompt, max_new_tokens)
+    cache = new_cache(model, prompt, max_new_tokens, settings)
     pending, prefill_info = prefill(model, prompt, cache)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
     out, nfe = ntp_run(model, cache, pending, settings, stop, max_new_tokens, generator)
@@ -169,7 +266,7 @@ def ntp_run(model, cache, pending, settings, stop, n, generator=None):
     emitted one of the stop ids (a tensor) -> (tokens (B, m), nfe (B,): forwards up to its stop)."""
     out, done, nfe = [], torch.zeros_like(pending[:, 0], dtype=torch.bool), 0 * pending[:, 0]
     while len(out) < n and not done.all():
-        logits, _ = model(pending, cache=cache)  # (B, 1, V)
+        logits = decode_forward(model, cache, pending, 1)  # (B, 1, V)
         nfe += ~done  # a row's count stops at its stop token
         pending = next_token(logits[:, -1], settings, generator)[:, None]  # (B, 1)
         out.append(pending)
@@ -181,17 +278,25 @@ def ntp_run(model, cache, pending, settings, stop, n, generator=None):
 # set block decoding (Algorithms 2 and 3)
 
 
-def hybrid_forward(model, cache, tokens, n_commit):
+def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
     """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
 
-    The first n_commit tokens are processed causally and committed to the cache; the other
-    T - n_commit are a block whose slots attend to the whole prefix and to each other (hybrid_mask)
-    and are never committed. Position ids are the slot indices. Every SBD forward of the decoders
-    and the benchmarks is this one call.
+    The first n_commit tokens are processed causally and committed to the cache; the next, up to
+    n_real (default T), are a block whose slots attend to the whole prefix and to each other
+    (hybrid_mask) and are never committed; any after n_real are padding that no real token sees
+    (sbd.cache_mask). n_commit and n_real: ints, or (B,) tensors, a value per row. Each row's
+    tokens go to its next slots (cache.lengths), and a token's position is its slot (padding: 0).
+    Every decoding forward is this one function (decode_forward), eager or compiled: tensors of
+    fixed shapes per T, so torch.compile makes one graph of it per width (compiled_step).
     """
-    n, T, dtype = cache.length, tokens.size(1), next(model.parameters()).dtype
-    mask = hybrid_bias(n, T, n_commit, dtype, tokens.device)  # (T, n + T), made once per shape
-    logits, _ = model(tokens, mask=mask, cache=cache, n_commit=n_commit)
+    T = tokens.size(1)
+    n_real = T if n_real is None else n_real
+    q = cache.next_slots(T)  # (B, T): the slots
+    start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
+    end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
+    mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
+    pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
+    logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
     return logits
 
 
@@ -204,7 +309,7 @@ def block_forward(model, cache, prev, block):
     n_cached + n_prev + i and predicts the token AT it.
     """
     n_prev = prev.size(1)
-    logits = hybrid_forward(model, cache, torch.cat([prev, block], dim=1), n_prev)  # (B, T, V)
+    logits = decode_forward(model, cache, torch.cat([prev, block], dim=1), n_prev)  # (B, T, V)
     return logits[:, :n_prev], logits[:, n_prev:]
 
 
@@ -277,7 +382,7 @@ def sbd_generate(model, prompt, settings, max_new_tokens, generator=None, record
     prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut: no slack of k
     t0 = time.perf_counter()
     B = prompt.size(0)
-    cache = new_cache(model, prompt, max_new_tokens)
+    cache = new_cache(model, prompt, max_new_tokens, settings)
     prev, prefill_info = prefill(model, prompt, cache)
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=prompt.device)
     done = torch.zeros(B, dtype=torch.bool, device=prompt.device)

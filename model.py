@@ -60,17 +60,17 @@ def block_mask(mask_fn, batch_size, n_queries, n_keys, device=None):
 
 
 class KVCache:
-    """Keys and values of the tokens processed causally so far, for every layer.
+    """Keys and values of the tokens processed causally so far, for every layer: a static cache.
 
-    Layout: self.k[layer], self.v[layer] are preallocated (B, n_kv_head, max_len, head_dim) buffers.
-    Slots [0, self.length) hold the committed tokens (prompt + committed blocks), exactly what plain
-    causal decoding would have cached. Slots from self.length on are scratch space.
-
-    A forward of T new tokens writes all T to slots [length, length + T) and attends over a view of
-    the buffer, but only the FIRST n_commit (processed causally) are committed: forward() advances
-    self.length by n_commit. The other T - n_commit (an SBD block, bidirectional) stay in scratch
-    slots, where the next forward overwrites them: nothing of a bidirectional forward is ever kept,
-    and no forward copies the cache. So the buffer needs room for the block: max_len >= length + T.
+    Layout: self.k[layer], self.v[layer] are (B, n_kv_head, max_len, head_dim) buffers allocated
+    once; self.lengths (B,) counts each row's committed tokens, which sit in slots [0, lengths[b]):
+    exactly what plain causal decoding would have cached. Slots are positions. A forward of T new
+    tokens writes them at slots [lengths[b], lengths[b] + T) and reads all max_len slots, so every
+    forward of T tokens has the same shapes (what torch.compile and CUDA graphs need); its mask
+    hides the slots a query must not see. Only the FIRST n_commit (processed causally) are
+    committed: forward() adds n_commit to the lengths. The other T - n_commit (an SBD block,
+    bidirectional) stay in scratch slots, where the next forward overwrites them: nothing of a
+    bidirectional forward is ever kept, and no forward copies the cache.
     """
 
     def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, device, dtype):
@@ -78,30 +78,46 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len = max_len
-        self.length = 0
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,)
+        self.slots = torch.arange(max_len, device=device)  # (max_len,): the keys masks look at
+
+    @property
+    def length(self):
+        """The rows' common length, as a Python int (a host read)."""
+        (length,) = set(self.lengths.tolist())  # rows of different lengths have none
+        return length
+
+    @length.setter
+    def length(self, n):
+        self.lengths.fill_(n)
+
+    def next_slots(self, T):
+        """(B, T): the slots of each row's next T tokens, from its length on (their positions)."""
+        return self.lengths[:, None] + torch.arange(T, device=self.lengths.device)
 
     def extend(self, layer, k_new, v_new, n_commit):
-        """Write T new keys/values after the committed ones; return those of [cache ; new tokens].
-        Only the first n_commit become cached (forward() advances self.length after all layers)."""
-        L, T = self.length, k_new.size(2)  # k_new: (B, n_kv_head, T, head_dim)
-        if not 0 <= n_commit <= T:
+        """Write T new keys/values at each row's slots [lengths[b], lengths[b] + T); return the
+        whole buffers (B, H, max_len, D). Only the first n_commit become cached (forward() adds
+        them to the lengths after all layers); an int, or (B,) per row."""
+        B, H, T, D = k_new.shape  # k_new: (B, n_kv_head, T, head_dim)
+        L = -1 if torch.compiler.is_compiling() else int(self.lengths.max())  # checks: host ints
+        if isinstance(n_commit, int) and not 0 <= n_commit <= T:
             raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got {n_commit}")
         if L + T > self.max_len:
             raise ValueError(f"KV cache full: {L} cached + {T} new tokens > max_len {self.max_len}")
-        self.k[layer][:, :, L:L + T] = k_new
-        self.v[layer][:, :, L:L + T] = v_new
-        return self.k[layer][:, :, :L + T], self.v[layer][:, :, :L + T]  # (B, nkv, L + T, hd) views
+        index = self.next_slots(T)[:, None, :, None].expand(B, H, T, D)
+        self.k[layer].scatter_(2, index, k_new)  # in place: row b's slots start at its length
+        self.v[layer].scatter_(2, index, v_new)
+        return self.k[layer], self.v[layer]  # (B, nkv, max_len, hd), always the whole buffers
 
     def commit(self, n):
-        """The first n tokens of the forward that just ran are now cached (forward() calls this)."""
-        self.length += n
+        """The first n tokens (an int, or (B,) per row) of the forward that just ran are now
+        cached (forward() calls this)."""
+        self.lengths += n
 
-    def truncate(self, length):
-        """Drop cached tokens from slot `length` on: undo commits (exact.py's per-row cache does
-        this row by row, RowCache.forget)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
-        self.length = length
+    def forget(self, row, n):
+        """Row `row` drops its last n committed tokens (exact SBD's rejected drafts)."""
+        self.lengths[row] -= n
 
 
 @functools.cache
@@ -116,14 +132,15 @@ def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
 
     q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), bool
     (True = may attend) or its additive bias (attention_bias), or a flex_attention BlockMask of the
-    same mask (block_mask above; training only, no cache, no dropout).
+    same mask (block_mask above; training only, no cache, no dropout). With a cache, S = max_len:
+    every forward reads the whole static cache, the mask hiding what is not there.
     With n_kv_head < n_head (grouped-query attention) a K/V head serves n_head // n_kv_head heads.
     """
     if isinstance(mask, BlockMask):
         flex = compiled_flex_attention() if q.is_cuda else flex_attention
         return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, nh, T, hd)
     if cache is not None:
-        k, v = cache.extend(layer, k, v, n_commit)  # (B, n_kv_head, S, hd), S = cache.length + T
+        k, v = cache.extend(layer, k, v, n_commit)  # (B, n_kv_head, max_len, hd)
     if mask is not None and mask.dim() == 3:
         mask = mask.unsqueeze(1)  # (B, 1, T, S): the same mask for every head
     is_causal = mask is None and cache is None  # the fast training path
@@ -144,11 +161,15 @@ def attention_bias(mask, dtype):
     return bias.masked_fill_(~mask, float("-inf"))
 
 
-def default_mask(T, cache, device):
-    """The causal mask for T new tokens on top of a cache (None when it would allow everything)."""
-    if cache is None or T == 1:
-        return None  # no cache: SDPA's is_causal; one new token: it may see the whole cache
-    return dense_mask(causal_mask, T, cache.length + T, query_offset=cache.length, device=device)
+def over_the_cache(mask, pos, cache):
+    """A forward's mask over all max_len slots of the cache: the causal default (each query sees
+    the slots up to its own) if None; a mask of the first S < max_len slots (dense_mask over
+    [cache ; new tokens]) with the slots past S hidden (not written, or scratch)."""
+    if mask is None:
+        return causal_mask(pos[..., None], cache.slots)  # (B, T, max_len)
+    missing = cache.max_len - mask.size(-1)
+    hide = False if mask.dtype == torch.bool else float("-inf")
+    return F.pad(mask, (0, missing), value=hide) if missing > 0 else mask
 
 
 def cross_entropy(logits, targets):
@@ -264,9 +285,10 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
 
-        pos: (T,) or (B, T) position ids; default = slot index (cache.length + 0..T-1).
-        mask: (T, S) or (B, T, S) bool, True = may attend, S = cache.length + T; default causal.
-        cache: a KVCache; the first n_commit (default all T) tokens are appended to it.
+        pos: (T,) or (B, T) position ids; default = slot index (each row's cache length + 0..T-1).
+        mask: (T, S) or (B, T, S) bool, True = may attend, default causal. With a cache its keys
+        are slots 0..max_len-1 (a mask of fewer covers the first S; the rest are hidden).
+        cache: a KVCache; the first n_commit (default all T; or (B,) per row) tokens are appended.
         at: (B, T) bool -> logits (N, vocab) only where True, row by row (training: the labelled
         slots; the head is a large share of a small model's work, its logits the largest buffer).
         """
@@ -290,18 +312,18 @@ class GPT(nn.Module):
 
 
 def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
-    """Fill in the optional forward() arguments shared by GPT and Llama, and check them."""
+    """Fill in the optional forward() arguments shared by GPT and Llama, and check them (not while
+    torch.compile traces: a compiled decode step is checked by its caller)."""
     B, T = idx.size()
-    if pos is None:  # slot positions: checked with Python ints, no host sync in the decode loop
-        offset = cache.length if cache is not None else 0
-        last = offset + T - 1
-        pos = torch.arange(offset, offset + T, device=idx.device)  # (T,)
-    else:
-        last = int(pos.max()) if pos.numel() and not torch.compiler.is_compiling() else -1
-    if last >= max_seq_len:
-        raise ValueError(f"position {last} is past the model's context of {max_seq_len} tokens")
-    if mask is None:
-        mask = default_mask(T, cache, idx.device)
+    if pos is None:  # slot positions: 0..T-1, or each row's cache length + 0..T-1
+        pos = torch.arange(T, device=idx.device) if cache is None else cache.next_slots(T)
+    if pos.numel() and not torch.compiler.is_compiling():
+        last = int(pos.max())
+        if last >= max_seq_len:
+            raise ValueError(f"position {last} is past the model's context of {max_seq_len} "
+                             "tokens")
+    if cache is not None:
+        mask = over_the_cache(mask, pos, cache)
     n_commit = T if n_commit is None else n_commit
     if cache is None and n_commit != T:
         raise ValueError("n_commit only means something with a KV cache")
@@ -425,15 +447,24 @@ class LlamaAttention(nn.Module):
         if config.qk_norm:  # Qwen-3: one weight of hd per norm, shared by all heads
             self.q_norm, self.k_norm = RMSNorm(hd, config.norm_eps), RMSNorm(hd, config.norm_eps)
 
+    def project(self, x):
+        """x (B, T, dim) -> q, k, v: three products, or one of the fused wqkv that
+        pretrained/decode_layout.py makes (the checkpoint's wq, wk, wv one after the other)."""
+        if not hasattr(self, "wqkv"):
+            return self.wq(x), self.wk(x), self.wv(x)
+        nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        return self.wqkv(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+
     def forward(self, x, cos, sin, layer, mask, cache, n_commit):
         """x (B, T, dim) -> (B, T, dim), grouped-query attention: q gets n_heads heads, k and v
         n_kv_heads, of head_dim each. q and k are normed (if qk_norm), then rotated: the cache holds
         rotated keys. k and v enter attention() with n_kv_heads heads, each serving
         n_heads // n_kv_heads query heads, so the cache stays that small."""
         B, T, C = x.size()
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        q, k, v = self.project(x)  # (B, T, nh * hd), (B, T, nkv * hd) twice
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         if self.qk_norm:  # over each head's hd coordinates
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # keys are cached rotated
@@ -449,7 +480,11 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # up
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # SwiGLU
+        if hasattr(self, "w13"):  # lay_out_for_decoding's fused [w1 ; w3]: one product
+            gate, up = self.w13(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.w1(x), self.w3(x)
+        return self.w2(F.silu(gate) * up)  # SwiGLU
 
 
 class LlamaBlock(nn.Module):
@@ -487,8 +522,8 @@ class Llama(nn.Module):
     def tie_weights(self):
         """With config.tie_word_embeddings (Llama 3.2 1B/3B) the output head is the embedding
         matrix: one Parameter under two names, as GPT-2's: one gradient, one AdamW state."""
-        if self.config.tie_word_embeddings:
-            self.output.weight = self.tok_embeddings.weight
+        if self.config.tie_word_embeddings and isinstance(self.output, nn.Linear):
+            self.output.weight = self.tok_embeddings.weight  # (laid out for decoding: a copy)
 
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """nn.Module's, keeping a tie: both names must hold the same matrix and stay one Parameter

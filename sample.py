@@ -12,7 +12,14 @@ settings its calibration chose (settings.py; k, γ and the rest can be overridde
 shaped the way the model was trained: right-aligned for the addition task, inside the chat template
 for a chat model; --raw=True feeds it as given. Each sample prints the text and one line with the
 tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of the same prompt, both
-through the KV cache and both after a prefill of the prompt that is not counted.
+through the KV cache and both after a prefill of the prompt that is not counted, and each decode's
+tokens/s after the prefill.
+
+Fast decoding (docs/fast_decoding.md): the weights are laid out once for decoding
+(pretrained/decode_layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's
+own 4-bit blocks), and --compile=True runs every forward through torch.compile's graphs, one per
+width (the compile time is printed; a second run finds them in inductor's cache). 'auto' picks
+what is fastest here (decode_layout.fastest_setup).
 """
 
 import os
@@ -22,9 +29,10 @@ import torch
 
 from configurator import ConfigError, configure, pick_device, require, resolve_dtype
 from exact import decode
-from generate import format_steps
+from generate import format_steps, warm_up
 from model import load_checkpoint
-from pretrained.loading import load_pretrained, tokenizer_of
+from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
+from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings, read_calibration, settings_for
 from tasks import chat_prompt, task_of_checkpoint
 
@@ -37,6 +45,7 @@ raw = False  # True: feed the prompt as given (no right-aligning, no chat templa
 mode = "both"  # 'sbd', 'ntp', or 'both': decode each sample both ways and compare
 exact = False  # exact SBD: drafts checked against NTP, the output is NTP's
 adaptive = False  # exact SBD: each block's size follows how many drafts survived
+min_draft_prob = -1.0  # exact SBD: check drafts up to the first this unsure; -1 = calibrated
 k = 0  # SBD block size; 0 = the calibrated one (16 without a calibration)
 gamma = -1.0  # threshold of the reveal rule (γ, or f for 'factor'); -1 = the calibrated one
 rule = ""  # 'entropy', 'confidence' (EB-Sampler), 'left', 'factor'; '' = entropy (left: exact, T>0)
@@ -49,15 +58,24 @@ seed = 1337
 show_steps = False  # print the SBD block after every forward ([x] = just revealed, _ = masked)
 device = ""  # '' = the best there is: cuda -> mps -> cpu
 dtype = "float32"  # 'bfloat16' or 'auto' (bf16 where native): faster, and bf16 rounds apart
+compile = None  # True: torch.compile's graphs, one per width; None: auto, for 10M+ parameters
+weights = "auto"  # 'trained', 'int8', 'int4' (a GGUF file's 4-bit blocks); 'auto': int4 if any
+quantized_rows = 1  # int8/int4 kernels for forwards of up to this many rows (wider: dense)
 configure(globals(), sys.argv[1:])
 # -----------------------------------------------------------------------------
 
 require(mode in ("sbd", "ntp", "both"), f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
 require(gamma >= 0 or gamma == -1, f"gamma must be >= 0, or -1 for the calibrated one; got {gamma}")
 require(k >= 0, f"k must be >= 1, or 0 for the calibrated one; got {k}")
+require(min_draft_prob == -1 or 0 <= min_draft_prob <= 1 and exact,
+        f"min_draft_prob: a probability with --exact=True, or -1 for the calibrated one; "
+        f"got {min_draft_prob}")
 require(temperature >= 0, f"temperature must be >= 0 (0: greedy), got {temperature}")
 require(top_k >= 0, f"top_k must be >= 1, or 0 for all tokens; got {top_k}")
 require(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
+require(compile in (True, False, None), f"compile must be True or False, got {compile!r}")
+require(weights in (*WEIGHTS, "auto"), f"weights must be one of {WEIGHTS} or 'auto': {weights!r}")
+require(quantized_rows >= 1, f"quantized_rows must be >= 1, got {quantized_rows}")
 require(max_new_tokens >= 1 and num_samples >= 1,
         f"max_new_tokens and num_samples must be >= 1, got {max_new_tokens} and {num_samples}")
 device = pick_device(device)
@@ -86,8 +104,19 @@ else:
         settings = settings_for(checkpoint, gamma=0.0, **sampling)
     else:
         calibration = read_calibration(path, checkpoint)
+        floor = {} if min_draft_prob < 0 else dict(min_draft_prob=min_draft_prob)
         settings = settings_for(checkpoint, calibration, k=k or None,
-                                gamma=None if gamma < 0 else gamma, exact=exact, **sampling)
+                                gamma=None if gamma < 0 else gamma, exact=exact, **sampling,
+                                **floor)
+
+four_bit = four_bit_blocks(init_from or checkpoint)  # did the weights come with 4-bit blocks?
+compile, weights = fastest_setup(model, "auto" if compile is None else compile, weights,
+                                 four_bit)
+model = lay_out_for_decoding(model, next(model.parameters()).dtype, weights, quantized_rows,
+                             four_bit)
+settings = settings.replace(compiled=compile)
+print(f"decoding: {weights} weights ({next(model.parameters()).dtype}), "
+      + ("compiled" if compile else "eager"))
 
 if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
@@ -116,8 +145,16 @@ if max_new_tokens > room:
 generator = torch.Generator(device).manual_seed(seed)
 
 # warm both paths up, so that the first sample's wall clock does not pay for lazy setup
-for ntp in {"sbd": [False], "ntp": [True], "both": [False, True]}[mode]:
+if compile:  # every width now, for the decodes' cache size
+    print(f"compile: {warm_up(model, prompt, max_new_tokens, settings):.1f} s")
+for ntp in [] if compile else {"sbd": [False], "ntp": [True], "both": [False, True]}[mode]:
     decode(model, prompt, settings, 2, ntp=ntp, generator=generator)
+
+
+def speed(stats):
+    """Decode tokens/s after the prefill."""
+    return stats.tokens[0] / max(stats.wall_time - stats.prefill_time, 1e-9)
+
 
 shown = tokenizer.decode(ids) if raw else start
 name = "exact SBD" if settings.exact else "SBD"
@@ -134,14 +171,18 @@ for i in range(num_samples):
         if mode == "ntp" or ntp_out[0] != sbd_out[0]:
             print(shown + tokenizer.decode(ntp_out[0]))
     if mode == "ntp":
-        print(f"NTP: {n.tokens[0]} tokens in {n.nfe[0]} forwards; wall {n.wall_time:.2f} s")
+        print(f"NTP: {n.tokens[0]} tokens in {n.nfe[0]} forwards; wall {n.wall_time:.2f} s; "
+              f"decode {speed(n):.1f} tok/s after the prefill")
         continue
     checked = f", {s.accepted[0]} drafts kept, {s.rejected[0]} rejected" if settings.exact else ""
     line = (f"{name} k={settings.k} γ={settings.gamma:g}: {s.tokens[0]} tokens in {s.nfe[0]} "
             f"forwards ({s.tokens_per_forward[0]:.2f} tok/fwd{checked})")
     if mode == "both":
         line += (f" vs NTP {n.nfe[0]} forwards; wall {s.wall_time:.2f} s vs {n.wall_time:.2f} s "
-                 f"({n.wall_time / s.wall_time:.1f}x)")
+                 f"({n.wall_time / s.wall_time:.1f}x); decode {speed(s):.1f} vs {speed(n):.1f} "
+                 "tok/s after the prefill")
+    else:
+        line += f"; decode {speed(s):.1f} tok/s after the prefill"
     print(line)
     if show_steps:
         print(format_steps(s.steps, tokenizer.decode, settings.mask_id))

@@ -31,11 +31,13 @@ class DecodeSettings:
     rule: str = "entropy"  # a key of REVEAL_RULES
     exact: bool = False  # exact SBD (exact.py): drafts checked by NTP, the output is NTP's
     adaptive: bool = False  # exact SBD: block size follows accepted drafts, drafted in 1 forward
+    min_draft_prob: float = 0.0  # exact SBD: check drafts up to the first one this unsure (0: all)
     first_from_ntp: bool = True  # a block's slot 0 from the causal logits (False: no NTP term)
     token_shift: bool = False  # block slots aligned by token shift (sbd.read_at), not the paper
     temperature: float = 0.0  # 0: argmax (the paper's setting); > 0: sample
     top_k: int | None = None  # sample among the top_k most likely tokens only
     top_p: float | None = None  # sample among the smallest set holding probability top_p
+    compiled: bool = False  # every forward through torch.compile's graphs (generate.decode_forward)
 
     def __post_init__(self):
         if self.k < 1:
@@ -54,6 +56,12 @@ class DecodeSettings:
             raise ConfigError(f"top_k must be at least 1 (None: all tokens), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_draft_prob <= 1:
+            raise ConfigError(f"min_draft_prob is a probability in [0, 1], got "
+                              f"{self.min_draft_prob}")
+        if self.min_draft_prob and not self.exact:
+            raise ConfigError("min_draft_prob cuts the drafts exact SBD checks: it needs "
+                              "exact=True")
         if self.token_shift and not self.first_from_ntp:
             raise ConfigError("token_shift reads a block's first position from the causal logits, "
                               "so it needs first_from_ntp (a model trained with the NTP term)")
@@ -257,12 +265,14 @@ def reveal_step(logits, block, is_masked, settings, generator=None, with_q=False
 #
 #     {"checkpoint": "ckpt_sbd.pt", "data_version": "...",
 #      "calibrated_on": "the val split of addition",
-#      "k": {"16": {"gamma_low": 0.01, "gamma_high": 0.02, "gamma_exact": 1e9}, "8": {...}},
+#      "k": {"16": {"gamma_low": 0.01, "gamma_high": 0.02, "gamma_exact": 1e9,
+#                   "min_draft_prob": 0.0}, "8": {...}},
 #      "operating_k": 16, "exact_k": 16}
 #
 # gamma_low / gamma_high are the largest γ within the accuracy budgets on val (null: none was);
-# gamma_exact is the exact mode's fastest γ; operating_k (null: no k has a gamma_low) and exact_k
-# are the block sizes with the fewest forwards. No tool rewrites a checkpoint.
+# gamma_exact and min_draft_prob are the exact mode's fastest γ and draft floor; operating_k
+# (null: no k has a gamma_low) and exact_k are the block sizes with the fewest forwards. No tool
+# rewrites a checkpoint.
 
 CALIBRATION_FILE = "calibration.json"
 
@@ -300,14 +310,16 @@ def settings_for(checkpoint, calibration=None, k=None, gamma=None, exact=False, 
     """DecodeSettings for an SBD checkpoint: k and γ as given, else as calibrated.
 
     k: given, else the calibration's operating_k (exact: exact_k), else 16. gamma: given, else the
-    calibrated one for that k (exact: gamma_exact, plain: gamma_low). Plain SBD with no γ to use
-    is an error that says what to do. overrides: any other DecodeSettings field (rule,
-    temperature, top_k, top_p, adaptive).
+    calibrated one for that k (exact: gamma_exact, plain: gamma_low); exact SBD's min_draft_prob
+    as calibrated unless given. Plain SBD with no γ to use is an error that says what to do.
+    overrides: any other DecodeSettings field (rule, temperature, top_k, top_p, adaptive).
     """
     calibration = calibration or {}
     k = k or calibration.get("exact_k" if exact else "operating_k") or 16
+    chosen = calibration.get("k", {}).get(str(k), {})
+    if exact:
+        overrides.setdefault("min_draft_prob", chosen.get("min_draft_prob", 0.0))
     if gamma is None:
-        chosen = calibration.get("k", {}).get(str(k), {})
         gamma = chosen.get("gamma_exact" if exact else "gamma_low")
     if gamma is None and exact:
         gamma = ONE_FORWARD  # the output is NTP's whatever γ is

@@ -19,7 +19,7 @@ Mask functions take (q, kv): the query slot and the key slot, broadcast over ind
 import torch
 from torch.nn import functional as F
 
-from model import IGNORE_INDEX, attention_bias, block_mask, causal_mask
+from model import IGNORE_INDEX, block_mask, causal_mask
 
 # -----------------------------------------------------------------------------
 # the alignment: which block slot predicts which block position (decoding reads it, training
@@ -137,22 +137,17 @@ def hybrid_mask(q, kv, block_start):
     return causal_mask(q, kv) | (q >= block_start)
 
 
-BIASES = {}  # (T, n_commit, dtype, device) -> hybrid_bias's mask, kept for every later decode
+def cache_mask(q, kv, block_start, end):
+    """hybrid_mask over a static KV cache's slots (model.KVCache: slots are positions).
 
-
-def hybrid_bias(n_cached, T, n_commit, dtype, device):
-    """hybrid_mask's additive bias (T, n_cached + T) for T new tokens, the first n_commit committed,
-    on n_cached tokens in every row; None for T = 1. Made once per (T, n_commit) for every decode:
-    every new token sees every cached one, so it is the end of one made for a longer cache."""
-    if T == 1:
-        return None  # one token on a cache sees all of it
-    key = (T, n_commit, dtype, device)
-    if key not in BIASES or BIASES[key].size(1) < n_cached + T:  # made for a shorter cache
-        span = max(2 * n_cached, 256)
-        q = torch.arange(T, device=device)[:, None]  # (T, 1): new token i
-        kv = torch.arange(-span, T, device=device)[None]  # (1, span + T): cached keys are < 0
-        BIASES[key] = attention_bias(hybrid_mask(q, kv, n_commit), dtype)
-    return BIASES[key][:, -(n_cached + T):]
+    q: a query's slot, kv a key's; block_start: the block's first slot (the slot after the
+    committed tokens), end: the first slot past the forward's real tokens. Keys from end on hold
+    nothing of this forward (not written yet, scratch, or padding) and are hidden; a padding query
+    (q >= end) sees itself too, so that no query sees no key (softmax of nothing is NaN, and a NaN
+    value in a hidden slot would still reach p @ v). Per row, block_start and end broadcast as
+    (B, 1, 1) against q (B, T, 1) and kv (max_len,).
+    """
+    return hybrid_mask(q, kv, block_start) & (kv < end) | (kv == q)
 
 
 def training_mask(L, k, phases, device=None, noisy_start=0, copies=1):

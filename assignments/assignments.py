@@ -70,6 +70,7 @@ ASSIGNMENTS = [
         tests=[
             "tests/test_assignment_3.py::test_extend_writes_only_the_committed_tokens",
             "tests/test_assignment_3.py::test_a_full_cache_is_a_clear_error_and_stays_unchanged",
+            "tests/test_assignment_3.py::test_each_row_is_written_after_its_own_length",
             "tests/test_model.py::test_cached_decoding_equals_full_forward[1-gpt-tiny]",
             "tests/test_model.py::test_cached_decoding_equals_full_forward[3-gpt-tiny]",
             ("tests/test_model.py::"

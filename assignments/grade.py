@@ -36,6 +36,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import xml.etree.ElementTree as ET
 
@@ -213,7 +214,10 @@ def print_table(results):
         if r["failures"]:
             print(f"\nassignment {r['number']}, failed (cases passed / cases):")
         for test, ok, n, first_line in r["failures"]:
-            print(f"  {f'{ok}/{n}':>6s}  {test}\n          {first_line[:150]}")
+            print(f"  {f'{ok}/{n}':>6s}  {test}")
+            # the whole first line: a graded test's assertion says in words what went wrong
+            print(textwrap.fill(first_line[:1000], width=100, initial_indent=" " * 10,
+                                subsequent_indent=" " * 10))
 
 
 def default_selection():

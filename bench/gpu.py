@@ -48,9 +48,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import bench.roofline as roofline
 import generate
-from bench.static import StaticCache, forward_fn, step_inputs
 from configurator import ConfigError, configure, pick_device
 from model import LLAMA_PRESETS, Llama, LlamaConfig, dense_mask
+from sampling import DecodeSettings
 from sbd import hybrid_mask
 
 # -----------------------------------------------------------------------------
@@ -60,7 +60,7 @@ dtype = "bfloat16"  # weights and KV cache
 bandwidth = 0.0  # peak memory bandwidth in GB/s (1e9 B/s); 0 = from the GPU's name (BANDWIDTH)
 kv_lengths = (1024, 8192)  # tokens already in the KV cache
 ks = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward
-static = False  # also time a static KV cache with torch.compile(mode="reduce-overhead") (static.py)
+static = False  # also time the compiled decode step (CUDA graphs: generate.compiled_step)
 warmup = 5  # untimed forwards before each measurement
 reps = 20  # timed forwards; the median is reported
 seed = 1337
@@ -145,18 +145,24 @@ def build_model(config, device, dtype):
 
 
 def static_times(L0, eager_t1):
-    """4. The same forwards on a static KV cache, each width compiled once into a CUDA graph
-    (static.py): NTP decode vs the bandwidth ceiling, t(k)/t(1), and Eq. 16 from these times."""
-    cache = StaticCache(model, 1, L0 + 2 * max(ks) + 1, device, ptdtype)
+    """4. The same forwards through the product's compiled decode step (generate.decode_forward on
+    a cache of compiled decoding: the static cache, read whole, one CUDA graph per width): NTP
+    decode vs the bandwidth ceiling, t(k)/t(1), and Eq. 16 from these times."""
+    settings = DecodeSettings(mask_id=None, k=max(ks), compiled=True)
+    cache = generate.new_cache(model, torch.zeros(1, L0, dtype=torch.long, device=device),
+                               2 * max(ks) + 1, settings)
     for buffer in cache.k + cache.v:
         buffer.normal_()
-    forward = torch.compile(forward_fn(model), mode="reduce-overhead", fullgraph=True)
+    cache.widths = sorted(set(ks) | {32})  # time each width as it is, unpadded
     tokens = torch.randint(config.vocab_size, (1, 2 * max(ks)), device=device)
-    first_slot = torch.tensor(L0, device=device)
+
+    def reset():
+        cache.length = L0
+
     times = {}
-    for k in sorted(set(ks) | {32}):
-        pos, mask = step_inputs(cache, first_slot, k, block_start=None if k == 1 else 0)
-        times[k] = median_ms(lambda: forward(tokens[:, :k], pos, mask, cache), lambda: None)
+    for k in cache.widths:
+        times[k] = median_ms(lambda: generate.decode_forward(model, cache, tokens[:, :k],
+                                                             int(k == 1)), reset)
     step_bytes = weight_bytes + L0 * kv_bytes_per_token
     share = f", {step_bytes / (times[1] / 1000) / 1e9 / bandwidth:.0%} of {bandwidth:g} GB/s" \
         if bandwidth else ""

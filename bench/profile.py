@@ -5,9 +5,9 @@ bench/__main__.py): NTP, plain SBD, exact SBD and adaptive exact SBD decode --wh
 split into
 
   model        the model's forward, minus the parts below that run inside it
-  cache        KV cache updates (KVCache / RowCache extend, commit, truncate, forget)
-  masks        mask building (dense_mask, default_mask, attention_bias, exact.py's lockstep_inputs /
-               exact_mask, and any cached-mask helper of generate.py)
+  cache        KV cache updates (KVCache extend, commit, truncate, forget)
+  masks        mask building (dense_mask, over_the_cache, attention_bias, sbd.cache_mask as the
+               decode step calls it)
   syncs        host syncs: Tensor.item, tolist, bool(tensor), int(tensor), float(tensor)
   bookkeeping  the rest of the decode's wall clock: the decoders' own Python and small tensor ops
 
@@ -41,12 +41,9 @@ SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero"}
 # skipped, so that one profile compares before and after a change
 TARGETS = [
     (model_lib.KVCache, "extend", "cache"), (model_lib.KVCache, "commit", "cache"),
-    (model_lib.KVCache, "truncate", "cache"), (exact.RowCache, "extend", "cache"),
-    (exact.RowCache, "commit", "cache"), (exact.RowCache, "forget", "cache"),
-    (generate, "dense_mask", "masks"), (generate, "hybrid_bias", "masks"),
-    (model_lib, "default_mask", "masks"), (model_lib, "attention_bias", "masks"),
-    (exact, "lockstep_inputs", "masks"), (exact, "exact_mask", "masks"),
-    (exact, "lockstep_mask", "masks"),
+    (model_lib.KVCache, "truncate", "cache"), (model_lib.KVCache, "forget", "cache"),
+    (generate, "cache_mask", "masks"), (model_lib, "over_the_cache", "masks"),
+    (model_lib, "attention_bias", "masks"),
     (torch.Tensor, "item", "syncs"), (torch.Tensor, "tolist", "syncs"),
     (torch.Tensor, "__bool__", "syncs"), (torch.Tensor, "__int__", "syncs"),
     (torch.Tensor, "__float__", "syncs"),

@@ -62,6 +62,22 @@ def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
     return model.eval(), Llama3Tokenizer(info["tokenizer_path"])
 
 
+def four_bit_blocks(source):
+    """Whether a model's block matrices are a GGUF file's 4-bit ones (weights=int4 keeps them):
+    source is what it was loaded from (a GGUF file, 'smollm2', a directory), or a train.py
+    checkpoint, whose init_from says what its weights started as."""
+    if isinstance(source, dict):
+        source = (source.get("config") or {}).get("init_from") or ""
+    if not (source == "smollm2" or str(source).endswith(".gguf")):
+        return False
+    from pretrained.load_gguf import four_bit_types
+
+    try:
+        return bool(four_bit_types(pretrained_path(source)))
+    except ConfigError:  # the file is not here (or gguf is not installed): no 4-bit blocks known
+        return False
+
+
 def tokenizer_of(info):
     """Rebuild the tokenizer a checkpoint recorded (tokenizer.info)."""
     if info["kind"] == "char":

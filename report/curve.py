@@ -28,7 +28,7 @@ import torch
 from configurator import configure, pick_device, require, resolve_dtype
 from model import load_checkpoint
 from pretrained.loading import tokenizer_of
-from report.summary import write_json
+from report.summary import pyplot, write_json
 from sampling import ONE_FORWARD, settings_for
 from tasks import BenchmarkTask
 from tasks.solve import solve, tokens_per_forward
@@ -98,13 +98,8 @@ def evaluate_snapshot(model, checkpoint, task, o):
 
 def plot(curve, path):
     """The curve as four panels against SBD steps; matplotlib is optional."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(pip install matplotlib to get the curve as a picture)")
+    plt = pyplot("the curve as a picture")
+    if plt is None:
         return None
     steps = [p["step"] for p in curve]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))

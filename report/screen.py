@@ -16,12 +16,16 @@ Per checkpoint it prints:
 - the mean leading run of correct drafts per block (positions 1 on; position 0 is the causal
   head's in every arm): about what exact SBD keeps of a block drafted in one forward, past its
   first token, where the model's NTP decoding writes the answer;
+- the masked-token loss at block positions 1 on (the answer token's negative log-likelihood
+  where decoding reads it): a loss that compares across alignments, unlike train.py's estimate,
+  whose labels differ between them;
 - teacher-forced NTP accuracy (the causal head on the same answers).
 With two checkpoints (trained on the same data, read with the same k), the paired difference of
 leading runs over the same blocks, with its standard error, and the blocks better and worse.
 With --benchmark (a chat model's val problems, e.g. data/wordproblems/val.jsonl) and
 --decode_problems=n it also decodes n of them for real: NTP accuracy and exact SBD's tokens per
-forward at this k, each block drafted in one forward, the number the read-out stands in for.
+forward at this k, each block drafted in one forward (with each of --draft_floors), the number
+the read-out stands in for.
 """
 
 import json
@@ -31,6 +35,7 @@ import sys
 from contextlib import nullcontext
 
 import torch
+from torch.nn import functional as F
 
 import sbd
 from configurator import configure, pick_device, require, resolve_dtype
@@ -48,6 +53,7 @@ OPTIONS = dict(
     batch_size=8,
     benchmark="",  # a chat model's val problems to decode ("" = the read-out only)
     decode_problems=0,  # how many of them
+    draft_floors=(0.0,),  # exact SBD's min_draft_prob values they are decoded with
     answer_marker="####",
     dtype="auto",  # bf16 autocast where the CPU computes it natively
     device="",
@@ -74,10 +80,12 @@ def read_slots(answer, k, token_shift, L, s):
 @torch.no_grad()
 def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
     """-> correct (N, L) bool at answer positions (masked head as decoding reads it), ntp_correct
-    (N, L) bool (causal head), is_read (N, L) bool, phases (N,)."""
+    (N, L) bool (causal head), nll (N, L) of the answer token where read, is_read (N, L) bool,
+    is_draft (N, L) bool (read from a block slot: block positions 1 on), phases (N,)."""
     token_shift = bool(checkpoint["config"].get("token_shift", False))
     mask_id, L = checkpoint["mask_id"], x.size(1)
-    out = {name: [] for name in ("correct", "ntp_correct", "is_read", "phases")}
+    out = {name: [] for name in ("correct", "ntp_correct", "nll", "is_read", "is_draft",
+                                 "phases")}
     device = next(model.parameters()).device
     for i in range(0, len(x), batch_size):
         xb, ab = x[i:i + batch_size].to(device), answer[i:i + batch_size].to(device)
@@ -96,11 +104,14 @@ def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
         with autocast:
             logits, _ = model(idx, pos=pos, mask=mask, at=at)  # (N, V) at the slots read
         row_of = (at.flatten().cumsum(0) - 1).view(at.shape)  # slot -> its row of logits
-        tokens = greedy(suppress_mask(logits.float(), mask_id))  # (N,)
-        pick = lambda slot: tokens[row_of.gather(1, slot.clamp(min=0))]  # (B, L)
-        out["correct"].append((pick(slots) == xb) & is_read)
-        out["ntp_correct"].append((pick(causal) == xb) & is_read)
+        logits = suppress_mask(logits.float(), mask_id)
+        tokens, logp = greedy(logits), F.log_softmax(logits, dim=-1)  # (N,), (N, V)
+        row = lambda slot: row_of.gather(1, slot.clamp(min=0))  # (B, L): its row of logits
+        out["correct"].append((tokens[row(slots)] == xb) & is_read)
+        out["ntp_correct"].append((tokens[row(causal)] == xb) & is_read)
+        out["nll"].append(torch.where(is_read, -logp[row(slots), xb], 0.0))
         out["is_read"].append(is_read)
+        out["is_draft"].append(is_read & (slots >= L))  # a noisy slot: not the causal head's
         out["phases"].append(phases)
     return {name: torch.cat(v).cpu() for name, v in out.items()}
 
@@ -129,11 +140,13 @@ def summarize(name, r, k):
     runs, by_position = block_stats(r, k)
     ntp = r["ntp_correct"].sum().item() / max(r["is_read"].sum().item(), 1)
     masked = sum(by_position[1:]) / max(k - 1, 1)
+    loss = r["nll"][r["is_draft"]].mean().item()  # comparable across alignments: same positions
     print(f"{name}: {len(runs)} blocks of k={k}, leading run of correct drafts {mean(runs):.3f}, "
-          f"masked accuracy at positions 1-{k - 1} {masked:.3f}, teacher-forced NTP {ntp:.3f}")
+          f"masked accuracy at positions 1-{k - 1} {masked:.3f} (loss {loss:.3f}), "
+          f"teacher-forced NTP {ntp:.3f}")
     print("  accuracy by block position: " + " ".join(f"{a:.2f}" for a in by_position))
     return dict(blocks=len(runs), leading_run=mean(runs), by_position=by_position,
-                masked_accuracy=masked, ntp_accuracy=ntp), runs
+                masked_accuracy=masked, masked_loss=loss, ntp_accuracy=ntp), runs
 
 
 def decode_val(model, checkpoint, tokenizer, o, dtype):
@@ -144,14 +157,16 @@ def decode_val(model, checkpoint, tokenizer, o, dtype):
     problems = task.splits["val"]
     base = settings_for(checkpoint, gamma=0.0).replace(k=o["k"])
     ntp = solve(model, task, problems, base, ntp=True, batch_size=32)
-    exact = solve(model, task, problems, base.replace(gamma=ONE_FORWARD, exact=True),
-                  batch_size=32)
-    out = dict(ntp_val_accuracy=ntp["accuracy"], exact_tokens_per_forward=tokens_per_forward(exact),
-               exact_same_as_ntp=sum(a == b for a, b in zip(exact["completions"],
-                                                            ntp["completions"])))
-    print(f"  decoded {len(problems)} val problems: NTP {out['ntp_val_accuracy']:.1f}%, exact "
-          f"k={o['k']} {out['exact_tokens_per_forward']:.2f} tokens per forward "
-          f"({out['exact_same_as_ntp']} completions as NTP's)")
+    out = dict(ntp_val_accuracy=ntp["accuracy"], exact={})
+    for floor in o["draft_floors"]:
+        settings = base.replace(gamma=ONE_FORWARD, exact=True, min_draft_prob=floor)
+        exact = solve(model, task, problems, settings, batch_size=32)
+        same = sum(a == b for a, b in zip(exact["completions"], ntp["completions"]))
+        out["exact"][str(floor)] = dict(tokens_per_forward=tokens_per_forward(exact),
+                                        same_as_ntp=same)
+        print(f"  decoded {len(problems)} val problems: NTP {out['ntp_val_accuracy']:.1f}%, "
+              f"exact k={o['k']} min_draft_prob={floor:g} {tokens_per_forward(exact):.2f} "
+              f"tokens per forward ({same} completions as NTP's)")
     return out
 
 

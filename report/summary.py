@@ -36,6 +36,20 @@ def machine(model, device):
                 else str(device))
 
 
+def pyplot(picture):
+    """matplotlib.pyplot drawing to files (no screen needed), or None without matplotlib, which
+    is optional: then say how to get the picture, and the caller goes on without it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"(pip install matplotlib to get {picture})")
+        return None
+    return plt
+
+
 def write_json(path, record):
     """Write a JSON file atomically: a crash never leaves half a report."""
     with open(f"{path}.tmp", "w") as f:
@@ -46,7 +60,7 @@ def write_json(path, record):
 def row_key(name):
     """A row's name without its γ value ('SBD k=16 γ_low=0.01' -> 'SBD k=16 γ_low'), so that runs
     whose calibration chose other values still compare row by row (seeds.py)."""
-    return re.sub(r" γ=\S+$", "", re.sub(r"(γ_low|γ_high)(=\S+|: .*)$", r"\1", name))
+    return re.sub(r" γ=\S+( p≥\S+)?$", "", re.sub(r"(γ_low|γ_high)(=\S+|: .*)$", r"\1", name))
 
 
 def paired(correct, reference):

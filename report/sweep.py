@@ -3,6 +3,7 @@ The γ sweep as a picture (sweep.png): val accuracy against tokens per forward, 
 size, from the smallest γ to revealing every masked position at once, the exact mode as a star.
 """
 
+from report.summary import pyplot
 from sampling import ONE_FORWARD
 from tasks.solve import solve, tokens_per_forward
 
@@ -25,7 +26,7 @@ def curves(model, task, base, calibration, extra_ks, n, batch_size, exact_batch_
     out = {}
     for k, c in calibration.items():
         tail = [point(k, g) for g in TAIL if g > c["sweep"][-1][0]]
-        out[k] = dict(points=c["sweep"] + tail, exact=max(t for _, t in c["exact_sweep"]),
+        out[k] = dict(points=c["sweep"] + tail, exact=max(s[-1] for s in c["exact_sweep"]),
                       low=c["low"], high=c["high"])
     for k in extra_ks:
         exact = solve(model, task, val, base.replace(k=k, gamma=ONE_FORWARD, exact=True),
@@ -39,13 +40,8 @@ def plot_sweep(curves, ntp_val_accuracy, low_target, path, trained_k=None):
     """Val accuracy against tokens per forward, one curve per k from the smallest γ to revealing
     every masked position at once; γ_low/γ_high and the exact mode (a star at NTP's accuracy)
     marked. matplotlib is optional: without it, say how to get the picture and go on."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no screen needed
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(pip install matplotlib to get this sweep as a picture)")
+    plt = pyplot("this sweep as a picture")
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for k, c in curves.items():

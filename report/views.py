@@ -10,6 +10,18 @@ from generate import format_steps
 from tasks.solve import mode_name, new_tokens, solve
 
 
+def exact_settings(base, k, chosen):
+    """The exact mode at block size k as calibrated (chosen: evaluate.calibrate's record)."""
+    return base.replace(k=k, gamma=chosen["exact"], exact=True,
+                        min_draft_prob=chosen.get("exact_floor", 0.0))
+
+
+def exact_name(chosen):
+    """'γ=...' of a calibrated exact mode, with its draft floor if it has one."""
+    floor = chosen.get("exact_floor", 0.0)
+    return f"γ={chosen['exact']:g}" + (f" p≥{floor:g}" if floor else "")
+
+
 def wall_clock(ntp_model, sbd_model, task, base, calibration, k, k_exact, n):
     """Seconds to decode the first n test problems one at a time: NTP, SBD at k's γ_low (k None:
     no γ_low on val), exact SBD at k_exact."""
@@ -21,11 +33,10 @@ def wall_clock(ntp_model, sbd_model, task, base, calibration, k, k_exact, n):
         settings = base.replace(k=k, gamma=g)
         wall["sbd"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
         parts.append(f"SBD k={k} γ={g:g} {wall['sbd']:.2f} s ({wall['ntp'] / wall['sbd']:.2f}x)")
-    g = calibration[k_exact]["exact"]
-    settings = base.replace(k=k_exact, gamma=g, exact=True)
+    settings = exact_settings(base, k_exact, calibration[k_exact])
     wall["exact"] = solve(sbd_model, task, problems, settings, batch_size=1)["seconds"]
-    parts.append(f"exact SBD k={k_exact} γ={g:g} {wall['exact']:.2f} s "
-                 f"({wall['ntp'] / wall['exact']:.2f}x)")
+    parts.append(f"exact SBD k={k_exact} {exact_name(calibration[k_exact])} "
+                 f"{wall['exact']:.2f} s ({wall['ntp'] / wall['exact']:.2f}x)")
     print(f"\nwall clock, first {len(problems)} test problems one at a time (batch 1, KV cache "
           "all): " + ", ".join(parts))
     return wall
@@ -36,7 +47,7 @@ def step_views(sbd_model, task, base, calibration, k, k_exact):
     exact mode at k_exact rejected a draft."""
     device = next(sbd_model.parameters()).device
     views = [base.replace(k=k, gamma=calibration[k]["low"])] if k is not None else []
-    views.append(base.replace(k=k_exact, gamma=calibration[k_exact]["exact"], exact=True))
+    views.append(exact_settings(base, k_exact, calibration[k_exact]))
     for settings in views:
         for prompt, _ in task.splits["test"][:50]:
             ids = torch.tensor([task.encode_prompt(prompt)], device=device)
@@ -59,7 +70,7 @@ def fp32_identity(ntp_model, sbd_model, task, base, calibration, n, batch_size, 
     ntp = solve(sbd_model, task, problems, base, ntp=True, batch_size=batch_size)["completions"]
     result = {}
     for k, c in calibration.items():
-        settings = base.replace(k=k, gamma=c["exact"], exact=True)
+        settings = exact_settings(base, k, c)
         out = solve(sbd_model, task, problems, settings, batch_size=exact_batch_size)["completions"]
         result[str(k)] = same = sum(a == b for a, b in zip(out, ntp))
         print(f"fp32 check, exact SBD k={k}: completions identical to NTP decoding on {same} of "

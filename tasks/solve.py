@@ -10,7 +10,7 @@ import torch
 
 from configurator import ConfigError
 from exact import decode
-from model import causal_mask, dense_mask
+from model import causal_mask
 
 MIN_NEW_TOKENS = 16  # a prompt must leave one block of k=16 to answer in (or the task's answer)
 
@@ -53,27 +53,31 @@ class LeftPadded(torch.nn.Module):
 
     def __init__(self, model, n_pad):
         super().__init__()
-        self.model, self.n_pad = model, n_pad  # n_pad (B,) on the model's device
+        # n_pad (B,) on the model's device; decoders put it on their cache (generate.new_cache),
+        # where a compiled step reads it as an input (the module's would be a constant of the
+        # graph: a recompile for every batch)
+        self.model, self.n_pad = model, n_pad
         self.config, self.max_seq_len, self.new_cache = (model.config, model.max_seq_len,
                                                          model.new_cache)
 
     def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
         B, T = idx.size()
+        keys = torch.arange(T, device=idx.device) if cache is None else cache.slots  # (S,)
         own = None
-        if pos is None or mask is None:  # the decoders' defaults: slot positions, causal
-            n_cached = cache.length if cache is not None else 0
-            pos = torch.arange(n_cached, n_cached + T, device=idx.device) if pos is None else pos
-            if mask is None:
-                own = dense_mask(lambda q, kv: kv == q, T, n_cached + T, n_cached, idx.device)
-                mask = dense_mask(causal_mask, T, n_cached + T, n_cached, idx.device)
-        real = torch.arange(mask.size(-1), device=idx.device) >= self.n_pad[:, None]  # (B, S)
+        if pos is None:  # the decoders' default: slot positions, each row after its own length
+            pos = keys[:T] if cache is None else cache.next_slots(T)  # (B, T)
+        if mask is None:  # causal, over the cache's slots
+            own = keys == pos[..., None]  # (B, T, S)
+            mask = causal_mask(pos[..., None], keys)
+        n_pad = self.n_pad if cache is None else cache.n_pad  # (B,)
+        real = torch.arange(mask.size(-1), device=idx.device) >= n_pad[:, None]  # (B, S)
         if mask.dtype == torch.bool:
             mask = mask & real[:, None, :]  # (B, T, S): no filler key
-        else:  # an additive bias (exact SBD's batch path): -inf on filler keys
+        else:  # an additive bias: -inf on filler keys
             mask = torch.where(real[:, None, :], mask, float("-inf"))
         if own is not None:
             mask = mask | own
-        pos = (pos - self.n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0
+        pos = (pos - n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0
         return self.model(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
 
 

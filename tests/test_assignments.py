@@ -644,7 +644,7 @@ def shape_example(name):
             dict(logits=torch.randn(2, 9, 7), labels=torch.randint(0, 7, (2, 9)), L=6), {}),
         "model.py:KVCache.extend": lambda: (
             dict(self=kv_cache, layer=1, k_new=torch.randn(2, 3, 6, 4),
-                 v_new=torch.randn(2, 3, 6, 4), n_commit=2), dict(L=kv_cache.length)),
+                 v_new=torch.randn(2, 3, 6, 4), n_commit=2), dict(S=kv_cache.max_len)),
         "sampling.py:entropy": lambda: (dict(probs=probs), {}),
         "sampling.py:entropy_bound": lambda: (
             dict(h_sorted=torch.rand(2, 5), masked_sorted=is_masked, gamma=0.5), {}),

@@ -32,17 +32,27 @@ def test_no_gamma_when_the_first_fails_or_nothing_is_faster_than_ntp():
     assert evaluate.within_budget(sweep((3e-4, 99.9, 0.99)), 99.5) is None  # slower than NTP
 
 
+def exact_sweep(*points):
+    """[(γ, floor, result)] from (γ, floor, tokens per forward), as calibrate() makes it."""
+    return [(g, floor, r) for (_, r), (g, floor, _) in zip(sweep(*points), points)]
+
+
 def test_exact_gamma_has_the_fewest_forwards_and_of_a_tie_the_largest():
-    s = sweep((0.01, 0, 11.0), (0.1, 0, 12.0), (1.0, 0, 12.0), (1e9, 0, 12.0))
-    assert evaluate.fastest_exact(s) == 1e9  # the reveal rule's work is skipped at the same speed
-    assert evaluate.fastest_exact(sweep((0.01, 0, 12.0), (1e9, 0, 11.5))) == 0.01
-    assert evaluate.fastest_exact(sweep((1e9, 0, 3.0), (0.1, 0, 3.0))) == 1e9  # any order
+    s = exact_sweep((0.01, 0, 11.0), (0.1, 0, 12.0), (1.0, 0, 12.0), (1e9, 0, 12.0))
+    assert evaluate.fastest_exact(s) == (1e9, 0)  # the reveal rule is skipped at the same speed
+    assert evaluate.fastest_exact(exact_sweep((0.01, 0, 12.0), (1e9, 0, 11.5))) == (0.01, 0)
+    assert evaluate.fastest_exact(exact_sweep((1e9, 0, 3.0), (0.1, 0, 3.0))) == (1e9, 0)
+    # the draft floor: the fewest forwards, of a tie the lowest floor (no cut)
+    s = exact_sweep((1e9, 0.0, 2.0), (1e9, 0.5, 2.6), (1e9, 0.9, 2.6), (0.1, 0.5, 2.7))
+    assert evaluate.fastest_exact(s) == (0.1, 0.5)
+    assert evaluate.fastest_exact(s[:3]) == (1e9, 0.5)
 
 
 def test_row_keys_drop_the_gamma_values():
     names = {"NTP baseline": "NTP baseline", "SBD k=16 γ_low=0.01": "SBD k=16 γ_low",
              "SBD k=8 γ_high: no γ within 2.0 points on val": "SBD k=8 γ_high",
-             "SBD exact k=16 γ=1e+09": "SBD exact k=16"}
+             "SBD exact k=16 γ=1e+09": "SBD exact k=16",
+             "SBD exact k=16 γ=1e+09 p≥0.7": "SBD exact k=16"}
     for name, key in names.items():
         assert summary.row_key(name) == key
 

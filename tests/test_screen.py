@@ -19,9 +19,10 @@ CKPT = os.path.join(os.path.dirname(__file__), "data", "old_sbd.pt")
 
 @torch.no_grad()
 def decoded_flags(model, x, answer, k, mask_id, token_shift):
-    """(L,) bool per answer position: its block's first forward after a gold prefix gets it."""
+    """(L,) bool per answer position: its block's first forward after a gold prefix gets it;
+    and (L,) the negative log-likelihood of the answer token there."""
     L, start = x.size(0), int(answer.int().argmax())
-    flags = torch.zeros(L, dtype=torch.bool)
+    flags, nll = torch.zeros(L, dtype=torch.bool), torch.zeros(L)
     for b in range(start, L, k):
         kb = min(k, L - b)
         idx = torch.cat([x[:b], torch.full((kb,), mask_id)])[None]  # (1, b + kb)
@@ -31,7 +32,8 @@ def decoded_flags(model, x, answer, k, mask_id, token_shift):
         for j in range(kb):
             slot = b - 1 if j == 0 else b + int(read_at(j, token_shift))
             flags[b + j] = int(logits[0, slot].argmax()) == int(x[b + j])
-    return flags & answer
+            nll[b + j] = -torch.log_softmax(logits[0, slot], -1)[x[b + j]]
+    return flags & answer, nll
 
 
 @pytest.mark.parametrize("token_shift", [False, True])
@@ -42,9 +44,13 @@ def test_read_out_is_the_first_forward_of_each_block(token_shift):
     x, answer, k = x[:6], answer[:6], 8
     r = screen.read_out(model, checkpoint, x, answer, k, torch.autocast("cpu", enabled=False), 4)
     for row in range(len(x)):
-        expected = decoded_flags(model, x[row], answer[row], k, checkpoint["mask_id"], token_shift)
+        expected, nll = decoded_flags(model, x[row], answer[row], k, checkpoint["mask_id"],
+                                      token_shift)
         read = r["is_read"][row]
         assert torch.equal(r["correct"][row][read], expected[read]), row
+        assert torch.allclose(r["nll"][row][read], nll[read], atol=1e-4), row
+        drafts = read & ((torch.arange(x.size(1)) - r["phases"][row]) % k > 0)
+        assert torch.equal(r["is_draft"][row], drafts), row
     runs, by_position = screen.block_stats(r, k)
     assert len(runs) == 6 * 8 and 0 < sum(runs) < 6 * 8 * (k - 1)  # 60-token traces: 8 blocks
     flags = r["correct"][0][r["is_read"][0]].tolist()[1:8]  # row 0's first block's drafts
