@@ -209,7 +209,8 @@ def print_table(results):
     print(f"{'total':46s} {total:5.1f}/{most:<5g}")
     if any(r["hidden"] for r in results):
         print("hidden: tests this copy does not have (tests/hidden/); the autograder runs them, "
-              "and their points are not counted here")
+              "and their points are not counted here (passed and failed count test cases, "
+              "hidden counts tests)")
     for r in results:
         if r["failures"]:
             print(f"\nassignment {r['number']}, failed (cases passed / cases):")

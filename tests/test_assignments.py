@@ -150,19 +150,15 @@ def test_a_stub_never_passes(n, handouts, tmp_path):
 
 @pytest.mark.parametrize("n", GRADED)
 def test_full_points_without_any_later_assignment(n, handouts, tmp_path):
-    """n's tests pass, in under 20 s (a design assignment's in a minute, a graded experiment's in
-    its 2 minutes), on a
-    handout where every assignment after n is blanked: so they need nothing later, and they pass
-    on the reference (the code they run is the reference's). When nothing after n is blanked, its
-    handout is the repository itself."""
+    """n's tests pass on a handout where every assignment after n is blanked: so they need nothing
+    later, and they pass on the reference (the code they run is the reference's). When nothing
+    after n is blanked, its handout is the repository itself. (How long each takes is the grader's
+    seconds column, not a test: a loaded machine would fail a time limit.)"""
     root = handouts[f"after {n}"][0] if f"after {n}" in handouts else ROOT
     results, table = grade(root, [n], tmp_path, answers=REFERENCE_ANSWERS)
     assert results["score"] == BY_NUMBER[n]["points"], table
     assert all(t["score"] == t["max_score"] for t in results["tests"]), table
     assert len(results["tests"]) == len(BY_NUMBER[n]["tests"]) + len(course.QUESTIONS.get(n, []))
-    # a graded experiment runs in its 2 minutes; the design assignment trains 30 steps (~8 s)
-    budget = {"measurement": 120, "design": 60}.get(BY_NUMBER[n]["kind"], 20)
-    assert results["extra_data"]["seconds"][str(n)] < budget, table
 
 # -----------------------------------------------------------------------------
 # what a handout holds
