@@ -122,7 +122,8 @@ if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
         start = f.read()
 if not start and task is None:
-    raise ConfigError("a model as downloaded has no task to take a prompt from: pass --start")
+    raise ConfigError("no prompt: pass --start (only the checkpoint of a data/ task, "
+                      "whose prompts have a known format, takes its first test problem)")
 if not start:
     start = task.splits["test"][0][0]
     print(f"prompt: the first test problem of {task.name} (--start=... to give your own)")
