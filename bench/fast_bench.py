@@ -64,7 +64,7 @@ prompt = "The capital of France is"
 ckpt = ""  # an SBD fine-tune of the GGUF's model (train.py's ckpt_sbd.pt): exact SBD end to end
 benchmark = "data/wordproblems/val.jsonl"  # --ckpt's problems: val, never test
 problems = 20  # val problems exact SBD decodes per rep
-tokens_per_forward = 2.41  # without --ckpt: exact SBD's tokens per forward, SmolLM2's default (README)
+tokens_per_forward = 2.41  # without --ckpt: exact SBD's tokens per forward (SmolLM2's default)
 # -----------------------------------------------------------------------------
 
 
