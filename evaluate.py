@@ -301,8 +301,9 @@ def fast_decoding(models, checkpoint, o):
     """Lay every model's weights out for decoding as o's compile, weights and quantized_rows say
     ('auto': decode_layout.fastest_setup) -> whether they decode compiled."""
     four_bit = four_bit_blocks(checkpoint)
+    # 'auto' never quantizes a fine-tune again (sample.py says why): trained weights
     compile, weights = fastest_setup(models[-1], "auto" if o["compile"] is None else o["compile"],
-                                     o["weights"], four_bit)
+                                     o["weights"], False)
     for model in models:
         lay_out_for_decoding(model, next(model.parameters()).dtype, weights, o["quantized_rows"],
                              four_bit)

@@ -110,8 +110,10 @@ else:
                                 **floor)
 
 four_bit = four_bit_blocks(init_from or checkpoint)  # did the weights come with 4-bit blocks?
+# 'auto' keeps 4 bits for a model as loaded only: a fine-tune's weights are off the file's grid,
+# and quantizing them again would decode another model than the one trained
 compile, weights = fastest_setup(model, "auto" if compile is None else compile, weights,
-                                 four_bit)
+                                 four_bit and bool(init_from))
 model = lay_out_for_decoding(model, next(model.parameters()).dtype, weights, quantized_rows,
                              four_bit)
 settings = settings.replace(compiled=compile)

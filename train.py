@@ -177,6 +177,7 @@ if init_from == "resume":
     if not os.path.exists(resume_path):
         raise ConfigError(f"init_from=resume but there is no {resume_path}; start afresh")
     checkpoint = torch.load(resume_path, map_location="cpu", mmap=True, weights_only=True)
+    config["init_from"] = checkpoint["config"]["init_from"]  # the weights' origin, read back later
 
 # a pretrained model fine-tunes on chat pairs with its own tokenizer; a small GPT trains from
 # scratch on a character task

@@ -8,7 +8,7 @@ as llama.cpp reads them). Those kernels are fast for a few rows, not for SBD's b
 keeps a dense copy for wider forwards: which widths gain is the CPU's (python -m bench.four_bit).
 
     model = lay_out_for_decoding(model, torch.bfloat16, "int4", quantized_rows=1, four_bit=True)
-    compile, weights = fastest_setup(model, "auto", "auto", four_bit)  # sample.py's defaults
+    compile, weights = fastest_setup(model, "auto", "auto", True)  # SmolLM2's file as loaded
 """
 
 import functools
@@ -120,15 +120,16 @@ def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four
     return model
 
 
-def fastest_setup(model, compile, weights, four_bit):
+def fastest_setup(model, compile, weights, as_loaded_four_bit):
     """sample.py's and evaluate.py's 'auto' -> (compile, weights), what decodes fastest here: a
     compiled step for a model of 10M parameters or more (below, the compile costs more than it
-    saves) where torch.compile can run; a GGUF file's 4-bit blocks on a CPU where the model came
-    with them (docs/fast_decoding.md)."""
+    saves) where torch.compile can run; a GGUF file's 4-bit blocks on a CPU where the model's
+    weights are those blocks, as loaded (as_loaded_four_bit; a fine-tune's are not: 4 bits would
+    quantize it again, another model than the one trained). docs/fast_decoding.md."""
     device = next(model.parameters()).device.type
     if compile == "auto":
         big = sum(p.numel() for p in model.parameters()) >= 10_000_000
         compile = big and (device == "cuda" or cxx_compiler() is not None)
     if weights == "auto":
-        weights = "int4" if four_bit and device == "cpu" else "trained"
+        weights = "int4" if as_loaded_four_bit and device == "cpu" else "trained"
     return bool(compile), weights

@@ -239,7 +239,10 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     if layout == "meta":  # resume continues where the run stopped
         log = run("train.py", *args, "--init_from=resume", "--sbd_iters=3")
         assert "iter 2 [sbd]" in log and "iter 1 [sbd]" not in log
-        assert torch.load(out_dir / "ckpt_sbd.pt", weights_only=False)["iter_num"] == 3
+        resumed = torch.load(out_dir / "ckpt_sbd.pt", weights_only=False)
+        assert resumed["iter_num"] == 3
+        # the resumed run records where the weights came from (int4 and stage 1 read it)
+        assert resumed["config"]["init_from"] == ckpt["config"]["init_from"] != "resume"
         # sample.py: the fine-tuned checkpoint (SBD and NTP), and the Llama as downloaded (NTP only)
         log = run("sample.py", f"--out_dir={out_dir}", "--start=What is 2 + 2?", "--num_samples=1",
                   "--max_new_tokens=8", "--device=cpu", "--gamma=0.35")  # no calibration.json yet
