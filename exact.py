@@ -241,7 +241,7 @@ class Rows:
         self.is_masked[:, :W] &= ~revealed
         self.revealed_by[:, :W] = torch.where(revealed, self.forwards, self.revealed_by[:, :W])
         if self.settings.min_draft_prob:
-            sure = sure_drafts(logits, self.settings)  # (B, W)
+            sure = sure_drafts(suppress_mask(logits, self.settings.mask_id), self.settings)
             self.sure[:, :W] = torch.where(revealed, sure, self.sure[:, :W])
         self.forwards += drafting  # forwards of each row's block
         return revealed
@@ -321,12 +321,12 @@ class Rows:
 
 
 def sure_drafts(block_logits, settings):
-    """(B, W, V) logits of block positions -> (B, W) bool: the masked-token head's largest
-    probability there is at least settings.min_draft_prob. Drafts from the first unsure one on are
-    not checked: a block of drafts that will likely be kept is cheaper to check than a longer one
-    whose rejection throws the next block away. The test reads the head's distribution, not the
-    token drawn from it, so a cut block keeps exact sampling exact."""
-    probs = F.softmax(suppress_mask(block_logits, settings.mask_id).float(), dim=-1)
+    """(B, W, V) logits of block positions, the mask token suppressed -> (B, W) bool: the
+    masked-token head's largest probability there is at least settings.min_draft_prob. Drafts
+    from the first unsure one on are not checked: a block of drafts likely kept is cheaper to
+    check than a longer one whose rejection throws the next block away. The test reads the head's
+    distribution, not the token drawn from it, so a cut block keeps exact sampling exact."""
+    probs = F.softmax(block_logits.float(), dim=-1)
     return probs.amax(-1) >= settings.min_draft_prob
 
 
