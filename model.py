@@ -13,6 +13,7 @@ Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's 
 """
 
 import functools
+import hashlib
 import math
 import os
 from dataclasses import dataclass
@@ -34,6 +35,15 @@ IGNORE_INDEX = -1  # label value that the loss skips (nanoGPT's convention)
 def causal_mask(q, k):
     """Query slot q may attend key slot k iff k <= q (ordinary next-token attention)."""
     return k <= q
+
+
+def in_block(q, block_start):
+    """Slot q belongs to the bidirectional block iff q >= block_start: the one rule that says
+    which slots the block is made of. The hybrid mask lets exactly these slots see each other
+    (sbd.hybrid_mask), a training sequence's noisy copies are the slots from L on (sbd.slot_layout),
+    and the block adapter's delta reaches exactly these slots (Linear below). Every slot before
+    block_start is a committed token and goes through the base weights alone."""
+    return q >= block_start
 
 
 def dense_mask(mask_fn, n_queries, n_keys, query_offset=0, device=None):
@@ -179,6 +189,122 @@ def cross_entropy(logits, targets):
 
 
 # -----------------------------------------------------------------------------
+# the block adapter: a low-rank delta that only the block's slots see (docs/method.md, Block adapter)
+
+
+class LowRank(nn.Module):
+    """delta(x) = x A^T B^T, A (rank, n_in), B (n_out, rank). B starts at 0, so an adapter that
+    has not trained yet changes nothing (LoRA, Hu et al. 2021)."""
+
+    def __init__(self, n_in, n_out, rank):
+        super().__init__()
+        self.A = nn.Parameter(torch.randn(rank, n_in) / math.sqrt(n_in))
+        self.B = nn.Parameter(torch.zeros(n_out, rank))
+
+    def forward(self, x):
+        return (x @ self.A.to(x.dtype).T) @ self.B.to(x.dtype).T  # (N, n_out)
+
+
+class Linear(nn.Linear):
+    """nn.Linear, plus the block adapter's delta (attach_adapter) on the rows gate selects.
+
+    gate (B, T) bool marks the block's slots (in_block); every other row is the base layer's
+    output, untouched. Without an adapter, or with gate None, this is nn.Linear."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_module("delta", None)  # a LowRank once attach_adapter runs
+
+    def forward(self, x, gate=None):
+        return add_delta(F.linear(x, self.weight, self.bias), x, gate, self.delta)
+
+
+def add_delta(y, x, gate, delta):
+    """y = base(x) (B, T, n_out); at the rows gate (B, T) selects, y + delta(x). Eagerly the delta
+    costs only those rows; a compiled graph needs static shapes and computes it for every row,
+    keeping it only where gated. The other rows are y itself, bit for bit."""
+    if delta is None or gate is None:
+        return y
+    if torch.compiler.is_compiling():
+        return torch.where(gate[..., None], y + delta(x).to(y.dtype), y)
+    rows = gate.nonzero(as_tuple=True)  # (N,) twice: the block's (row, slot) pairs
+    return y.index_put(rows, y[rows] + delta(x[rows]).to(y.dtype))
+
+
+ADAPTER_LAYERS = {  # which of a block's linear layers carry a delta
+    "attention": ("c_attn", "attn.c_proj", "wq", "wk", "wv", "wo"),
+    "mlp": ("c_fc", "mlp.c_proj", "w1", "w2", "w3"),
+}
+ADAPTER_LAYERS["all"] = ADAPTER_LAYERS["attention"] + ADAPTER_LAYERS["mlp"]
+
+
+class BlockAdapter(nn.Module):
+    """The block adapter's own parameters besides the deltas: an input embedding for the mask
+    token, used at the block's slots in place of the base model's row."""
+
+    def __init__(self, mask_embedding, mask_id, rank, layers):
+        super().__init__()
+        self.mask_embedding = nn.Parameter(mask_embedding.detach().clone().float())  # (dim,)
+        self.mask_id, self.rank, self.layers = mask_id, rank, layers
+
+    def embed(self, x, idx, gate):
+        """x (B, T, C) the base embeddings of idx (B, T): the mask token's, at gated slots,
+        replaced by the adapter's."""
+        if gate is None:
+            return x
+        swap = gate & (idx == self.mask_id)  # (B, T)
+        return torch.where(swap[..., None], self.mask_embedding.to(x.dtype), x)
+
+
+def attach_adapter(model, rank, layers, mask_id):
+    """Give model a block adapter of this rank on `layers` ('all', 'attention' or 'mlp'): a
+    LowRank delta on each such Linear of every transformer block, and a mask embedding.
+    -> the model (its base weights unchanged; freeze_base leaves the adapter alone to train)."""
+    if layers not in ADAPTER_LAYERS:
+        raise ConfigError(f"adapter_layers must be one of {sorted(ADAPTER_LAYERS)}, got {layers!r}")
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, Linear)
+               and any(name.endswith("." + t) for t in ADAPTER_LAYERS[layers])]
+    widest = min(min(m.in_features, m.out_features) for _, m in targets)
+    if not 1 <= rank <= widest:
+        raise ConfigError(f"adapter_rank must be between 1 and the narrowest adapted layer's "
+                          f"width {widest}, got {rank}")
+    device = model.embedding.weight.device
+    for _, m in targets:
+        m.delta = LowRank(m.in_features, m.out_features, rank).to(device)
+    model.block_adapter = BlockAdapter(model.embedding.weight[mask_id], mask_id, rank, layers)
+    return model
+
+
+def is_adapter(name):
+    """Whether a parameter or state dict entry is the block adapter's."""
+    return name.startswith("block_adapter.") or ".delta." in name
+
+
+def freeze_base(model):
+    """The block adapter alone trains: every other parameter frozen (no gradient, no AdamW
+    state), so the next-token path stays the base model's."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(is_adapter(name))
+
+
+def split_adapter(state):
+    """A state dict -> (the base model's entries, the block adapter's)."""
+    return ({k: v for k, v in state.items() if not is_adapter(k)},
+            {k: v for k, v in state.items() if is_adapter(k)})
+
+
+def fingerprint(state):
+    """sha256 of a state dict's tensors, by name: an adapter is only valid on the base it was
+    trained on."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous().reshape(-1)
+        h.update(name.encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+# -----------------------------------------------------------------------------
 # GPT-2
 
 
@@ -211,31 +337,31 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         assert config.n_embd % config.n_head == 0
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v
+        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = dropout_layer(config.dropout)
         self.n_head, self.dropout = config.n_head, config.dropout
 
-    def forward(self, x, layer, mask, cache, n_commit):
+    def forward(self, x, layer, mask, cache, n_commit, gate):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).chunk(3, dim=2)  # each (B, T, C); split() costs ~2 us more
+        q, k, v = self.c_attn(x, gate).chunk(3, dim=2)  # each (B, T, C); split() costs ~2 us more
         nh, hs = self.n_head, C // self.n_head
         q, k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         y = attention(q, k, v, layer, mask, cache, n_commit, dropout_p)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y, gate))
 
 
 class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = dropout_layer(config.dropout)
 
-    def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+    def forward(self, x, gate):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x, gate)), gate))
 
 
 class Block(nn.Module):
@@ -246,9 +372,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, layer, mask, cache, n_commit):
-        x = x + self.attn(self.ln_1(x), layer, mask, cache, n_commit)
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x, layer, mask, cache, n_commit, gate):
+        x = x + self.attn(self.ln_1(x), layer, mask, cache, n_commit, gate)
+        return x + self.mlp(self.ln_2(x), gate)
 
 
 class GPT(nn.Module):
@@ -282,7 +408,12 @@ class GPT(nn.Module):
     def max_seq_len(self):
         return self.config.block_size
 
-    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None):
+    @property
+    def embedding(self):
+        return self.transformer.wte
+
+    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None,
+                block_start=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
 
         pos: (T,) or (B, T) position ids; default = slot index (each row's cache length + 0..T-1).
@@ -291,14 +422,17 @@ class GPT(nn.Module):
         cache: a KVCache; the first n_commit (default all T; or (B,) per row) tokens are appended.
         at: (B, T) bool -> logits (N, vocab) only where True, row by row (training: the labelled
         slots; the head is a large share of a small model's work, its logits the largest buffer).
+        block_start: the first slot of the bidirectional block (an int, or (B, 1) per row), whose
+        slots see the block adapter (in_block); None: no slot does (every causal forward).
         """
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        gate = block_gate(self, idx, cache, block_start)  # (B, T) bool or None
+        x = adapted_embedding(self, idx, gate) + self.transformer.wpe(pos)  # (B, T, C)
         x = self.transformer.drop(x)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         for layer, block in enumerate(self.transformer.h):
-            x = block(x, layer, mask, cache, n_commit)
+            x = block(x, layer, mask, cache, n_commit, gate)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x if at is None else x[at])  # (B, T, vocab) or (N, vocab)
         if cache is not None:
@@ -309,6 +443,24 @@ class GPT(nn.Module):
         c = self.config
         return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head,
                        max_len, device, dtype)
+
+
+def block_gate(model, idx, cache, block_start):
+    """(B, T) bool: which of the forward's slots are in the block (in_block), or None where no
+    adapter is attached or no block is given. A query's slot is its index in the forward, after
+    each row's cached tokens when there is a cache (the slots the masks use)."""
+    if getattr(model, "block_adapter", None) is None or block_start is None:
+        return None
+    B, T = idx.size()
+    slots = torch.arange(T, device=idx.device) if cache is None else cache.next_slots(T)
+    return in_block(slots, torch.as_tensor(block_start, device=idx.device)).expand(B, T)
+
+
+def adapted_embedding(model, idx, gate):
+    """The input embeddings of idx (B, T), the mask token's replaced by the adapter's own at the
+    block's slots."""
+    x = model.embedding(idx)  # (B, T, C)
+    return x if gate is None else model.block_adapter.embed(x, idx, gate)
 
 
 def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
@@ -440,28 +592,28 @@ class LlamaAttention(nn.Module):
         super().__init__()
         hd, self.qk_norm = config.head_dim, config.qk_norm
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, hd
-        self.wq = nn.Linear(config.dim, config.n_heads * hd, bias=False)
-        self.wk = nn.Linear(config.dim, config.n_kv_heads * hd, bias=False)
-        self.wv = nn.Linear(config.dim, config.n_kv_heads * hd, bias=False)
-        self.wo = nn.Linear(config.n_heads * hd, config.dim, bias=False)
+        self.wq = Linear(config.dim, config.n_heads * hd, bias=False)
+        self.wk = Linear(config.dim, config.n_kv_heads * hd, bias=False)
+        self.wv = Linear(config.dim, config.n_kv_heads * hd, bias=False)
+        self.wo = Linear(config.n_heads * hd, config.dim, bias=False)
         if config.qk_norm:  # Qwen-3: one weight of hd per norm, shared by all heads
             self.q_norm, self.k_norm = RMSNorm(hd, config.norm_eps), RMSNorm(hd, config.norm_eps)
 
-    def project(self, x):
+    def project(self, x, gate):
         """x (B, T, dim) -> q, k, v: three products, or one of the fused wqkv that
         pretrained/decode_layout.py makes (the checkpoint's wq, wk, wv one after the other)."""
         if not hasattr(self, "wqkv"):
-            return self.wq(x), self.wk(x), self.wv(x)
+            return self.wq(x, gate), self.wk(x, gate), self.wv(x, gate)
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        return self.wqkv(x).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        return self.wqkv(x, gate).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
 
-    def forward(self, x, cos, sin, layer, mask, cache, n_commit):
+    def forward(self, x, cos, sin, layer, mask, cache, n_commit, gate):
         """x (B, T, dim) -> (B, T, dim), grouped-query attention: q gets n_heads heads, k and v
         n_kv_heads, of head_dim each. q and k are normed (if qk_norm), then rotated: the cache holds
         rotated keys. k and v enter attention() with n_kv_heads heads, each serving
         n_heads // n_kv_heads query heads, so the cache stays that small."""
         B, T, C = x.size()
-        q, k, v = self.project(x)  # (B, T, nh * hd), (B, T, nkv * hd) twice
+        q, k, v = self.project(x, gate)  # (B, T, nh * hd), (B, T, nkv * hd) twice
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
@@ -469,22 +621,22 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # keys are cached rotated
         y = attention(q, k, v, layer, mask, cache, n_commit, dropout_p=0.0)  # (B, nh, T, hd)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1), gate)  # (B, T, C)
 
 
 class FeedForward(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.w1 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # gate
-        self.w2 = nn.Linear(config.ffn_hidden, config.dim, bias=False)  # down
-        self.w3 = nn.Linear(config.dim, config.ffn_hidden, bias=False)  # up
+        self.w1 = Linear(config.dim, config.ffn_hidden, bias=False)  # gate
+        self.w2 = Linear(config.ffn_hidden, config.dim, bias=False)  # down
+        self.w3 = Linear(config.dim, config.ffn_hidden, bias=False)  # up
 
-    def forward(self, x):
+    def forward(self, x, gate):
         if hasattr(self, "w13"):  # lay_out_for_decoding's fused [w1 ; w3]: one product
-            gate, up = self.w13(x).chunk(2, dim=-1)
+            w1x, w3x = self.w13(x, gate).chunk(2, dim=-1)
         else:
-            gate, up = self.w1(x), self.w3(x)
-        return self.w2(F.silu(gate) * up)  # SwiGLU
+            w1x, w3x = self.w1(x, gate), self.w3(x, gate)
+        return self.w2(F.silu(w1x) * w3x, gate)  # SwiGLU
 
 
 class LlamaBlock(nn.Module):
@@ -495,9 +647,10 @@ class LlamaBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cos, sin, layer, mask, cache, n_commit):
-        h = x + self.attention(self.attention_norm(x), cos, sin, layer, mask, cache, n_commit)
-        return h + self.feed_forward(self.ffn_norm(h))
+    def forward(self, x, cos, sin, layer, mask, cache, n_commit, gate):
+        h = x + self.attention(self.attention_norm(x), cos, sin, layer, mask, cache, n_commit,
+                               gate)
+        return h + self.feed_forward(self.ffn_norm(h), gate)
 
 
 class Llama(nn.Module):
@@ -550,17 +703,23 @@ class Llama(nn.Module):
     def max_seq_len(self):
         return self.config.max_seq_len
 
-    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None):
+    @property
+    def embedding(self):
+        return self.tok_embeddings
+
+    def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None,
+                block_start=None):
         """Same contract as GPT.forward: idx (B, T) -> logits (B, T, vocab) and optional loss."""
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
+        gate = block_gate(self, idx, cache, block_start)  # (B, T) bool or None
         cos, sin = rotary_cos_sin(pos, self.inv_freq)  # (T, hd/2) or (B, T, hd/2)
-        x = self.tok_embeddings(idx)  # (B, T, dim)
+        x = adapted_embedding(self, idx, gate)  # (B, T, dim)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         # activation checkpointing keeps only each block's input; backward recomputes the rest
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer, block in enumerate(self.layers):
-            args = (x, cos, sin, layer, mask, cache, n_commit)
+            args = (x, cos, sin, layer, mask, cache, n_commit, gate)
             x = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
         x = self.norm(x)
         logits = self.output(x if at is None else x[at])  # (B, T, vocab) or (N, vocab)
@@ -614,18 +773,22 @@ def save_checkpoint(checkpoint, path):
 
 
 def model_from_checkpoint(checkpoint, device):
-    """Rebuild the model of a train.py checkpoint ({'model_family', 'model_args', 'model'})."""
-    family, args = checkpoint["model_family"], checkpoint["model_args"]
+    """Rebuild the model of a train.py checkpoint ({'model_family', 'model_args', 'model'}, and
+    'adapter' {rank, layers, mask_id} for a block adapter's)."""
+    family, args, adapter = checkpoint["model_family"], checkpoint["model_args"], None
     state = {k.removeprefix("_orig_mod.").removeprefix("module."): v
              for k, v in checkpoint["model"].items()}
+    adapter = checkpoint.get("adapter")  # absent: the paper's full fine-tune (or NTP)
+    with_adapter = (lambda m: attach_adapter(m, adapter["rank"], adapter["layers"],
+                                             adapter["mask_id"]) if adapter else m)
     if family == "gpt":
-        model = GPT(GPTConfig(**args))
+        model = with_adapter(GPT(GPTConfig(**args)))
         check_state_dict(model, state, "checkpoint")
         model.load_state_dict(state, strict=True)
         model = model.to(device)
     else:
         with torch.device("meta"):  # an 8B Llama: no random init, no second copy, checkpoint dtype
-            model = Llama(LlamaConfig(**args))
+            model = with_adapter(Llama(LlamaConfig(**args)))
         check_state_dict(model, state, "checkpoint")
         model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
         model.inv_freq = rope_frequencies(model.config).to(device)  # not persistent: still on meta
@@ -649,6 +812,22 @@ def check_state_dict(model, state, source):
                               "match the weights?)")
 
 
+def base_weights(path, base):
+    """The base model's state dict for an adapter checkpoint at path: base['file'] beside it,
+    refused unless its fingerprint is base['fingerprint'] (the weights the adapter was trained
+    on)."""
+    base_path = os.path.join(os.path.dirname(path), base["file"])
+    if not os.path.exists(base_path):
+        raise ConfigError(f"{path} holds a block adapter only; its base model {base_path} is "
+                          "missing: copy it beside the adapter")
+    state = torch.load(base_path, map_location="cpu", mmap=True, weights_only=False)["model"]
+    if fingerprint(state) != base["fingerprint"]:
+        raise ConfigError(f"{path}: the adapter was trained on other base weights than "
+                          f"{base_path} holds now (fingerprints differ); use the base it was "
+                          "trained on, or train the adapter again")
+    return state
+
+
 def load_checkpoint(path, device="cpu"):
     """-> (model in eval mode, checkpoint dict). A missing or outdated file is a clear error."""
     if not os.path.exists(path):
@@ -664,6 +843,9 @@ def load_checkpoint(path, device="cpu"):
                           "with init_from)")
     if "stage" not in checkpoint:
         raise ConfigError(f"{path} was written by an older version of train.py: train it again")
+    if "base" in checkpoint:  # the adapter alone: its base's weights from the base checkpoint
+        checkpoint = {**checkpoint, "model": {**base_weights(path, checkpoint["base"]),
+                                              **checkpoint["model"]}}
     model = model_from_checkpoint(checkpoint, device)
     model.eval()
     return model, checkpoint

@@ -329,7 +329,8 @@ def settings_for(checkpoint, calibration=None, k=None, gamma=None, exact=False, 
         raise ConfigError(f"plain SBD at k={k} needs a γ, and {why}: pass one (--gamma=0.01), "
                          "another k, or use the exact mode (--exact=True)")
     config = checkpoint.get("config") or {}  # what the checkpoint was trained with
-    first_from_ntp = config.get("ntp_weight", 1.0) > 0
+    # the causal head is trained (the NTP term), or is the NTP model itself (a block adapter)
+    first_from_ntp = config.get("ntp_weight", 1.0) > 0 or "adapter" in checkpoint
     token_shift = bool(config.get("token_shift", False))  # absent: a checkpoint of the paper's rule
     if exact and overrides.get("temperature", 0) > 0:
         overrides.setdefault("rule", "left")  # exact sampling needs left-to-right drafts

@@ -19,7 +19,7 @@ Mask functions take (q, kv): the query slot and the key slot, broadcast over ind
 import torch
 from torch.nn import functional as F
 
-from model import IGNORE_INDEX, block_mask, causal_mask
+from model import IGNORE_INDEX, block_mask, causal_mask, in_block
 
 # -----------------------------------------------------------------------------
 # the alignment: which block slot predicts which block position (decoding reads it, training
@@ -71,7 +71,7 @@ def slot_layout(slot, L, noisy_start=0):
     noisy_start), slots L + (c-1)(L-s) onwards. Every noisy copy reuses the positions it stands
     for. The one definition of the layout: the mask, positions and labels all go through it."""
     n = max(L - noisy_start, 1)  # slots per noisy copy
-    noisy = slot >= L
+    noisy = in_block(slot, L)  # the noisy copies are the training forward's block slots
     copy = torch.where(noisy, 1 + torch.div(slot - L, n, rounding_mode="floor"), 0)
     position = torch.where(noisy, noisy_start + (slot - L) % n, slot)
     return copy, position
@@ -134,7 +134,7 @@ def hybrid_mask(q, kv, block_start):
         q2: 1 1 1 | 0 0 0 0
         b0..b3: 1 1 1 | 1 1 1 1
     """
-    return causal_mask(q, kv) | (q >= block_start)
+    return causal_mask(q, kv) | in_block(q, block_start)
 
 
 def cache_mask(q, kv, block_start, end):

@@ -18,6 +18,8 @@ on the same data for the same steps. out_dir/ckpt_resume.pt holds what is needed
 A checkpoint is one dict: model (state dict), model_family ('gpt' or 'llama'), model_args, stage
 ('ntp' or 'sbd'), config (this run's settings), tokenizer (how to rebuild it), dataset and
 data_version (the data it was trained on), mask_id and stop_ids (what decoding needs), iter_num;
+a block adapter's SBD checkpoint adds adapter (rank, layers, mask_id), and with adapter_only holds
+the adapter's tensors alone with base (the base checkpoint's file and fingerprint);
 ckpt_resume.pt adds optimizer. sampling.settings_for turns one into decoding settings.
 
 The defaults are the demo's recipe, as config/sbd_small.py states it; docs/findings.md says why.
@@ -43,8 +45,13 @@ from model import (
     GPTConfig,
     Llama,
     LlamaConfig,
+    attach_adapter,
     configure_optimizer,
+    fingerprint,
+    freeze_base,
+    is_adapter,
     save_checkpoint,
+    split_adapter,
 )
 from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
@@ -78,6 +85,11 @@ ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation w
 token_shift = False  # block slots keep the pretrained next-token alignment (sbd.read_at)
 complementary_masks = False  # two noisy copies per row, masks m and not-m (sbd.sbd_inputs)
 kl_weight = 0.0  # weight of a KL term to the causal head's distribution (sbd.causal_kl); 0 = off
+adapter_rank = 0  # 0: stage 2 fine-tunes every weight (the paper). r > 0: it freezes the NTP model
+# and trains a block adapter of rank r that only the block's slots see (model.attach_adapter), so
+# the SBD model's next-token path is the NTP model's exactly; its loss is the masked-token term
+adapter_layers = "all"  # the block linear layers that carry the delta: 'all', 'attention', 'mlp'
+adapter_only = False  # ckpt_sbd.pt holds the adapter alone; decoding reads its base, ckpt_ntp.pt
 sbd_responses = ""  # a .jsonl of other responses stage 2 learns (its own: report/distill.py)
 loss_on_answer_only = True  # both losses and the noise on the completion only, as in SFT
 block_phase = "answer"  # noisy blocks start at: 'answer' (where decoding starts), 'random', 'zero'
@@ -136,7 +148,14 @@ if min(ntp_weight, kl_weight, ntp_iters, sbd_iters) < 0:
 if (token_shift or complementary_masks) and (sbd_iters == 0 or kl_weight):
     raise ConfigError("token_shift and complementary_masks set how SBD trains: they need "
                       "sbd_iters > 0 and kl_weight=0 (kl_weight pairs slots by the paper's rule)")
-if token_shift and (k_min < 2 or ntp_weight == 0):
+if adapter_rank < 0 or adapter_rank and (sbd_iters == 0 or sbd_starts_from != "ntp"):
+    raise ConfigError(f"adapter_rank={adapter_rank}: a block adapter (rank >= 1) trains in the SBD "
+                      "stage on top of the NTP model: it needs sbd_iters > 0 and "
+                      "sbd_starts_from='ntp'; adapter_rank=0 fine-tunes every weight")
+if adapter_only and not (adapter_rank and ntp_iters):
+    raise ConfigError("adapter_only saves a block adapter apart from its base, ckpt_ntp.pt: it "
+                      "needs adapter_rank >= 1 and ntp_iters > 0")
+if token_shift and (k_min < 2 or ntp_weight == 0 and not adapter_rank):
     raise ConfigError(f"token_shift reads a block's first token from the causal head and the "
                       f"rest from the block: use k_min >= 2 (got {k_min}) and keep the NTP term "
                       f"(got ntp_weight={ntp_weight})")
@@ -184,6 +203,9 @@ if init_from == "resume":
 llama = pretrained or checkpoint is not None and checkpoint["model_family"] == "llama"
 if fsdp and not (ddp and llama):
     raise ConfigError("fsdp=True shards a Llama over the processes of torchrun")
+if adapter_rank and ddp and not fsdp:
+    raise ConfigError("a block adapter under torchrun trains with fsdp=True (DDP would expect a "
+                      "gradient for every weight it was built with)")
 llama_dtype = ptdtype if device_type == "cuda" and not fsdp else torch.float32
 model = tokenizer = None
 if pretrained:
@@ -221,16 +243,18 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
         at = y != IGNORE_INDEX if head_at_labels else None  # (B, L) or all slots
         _, loss = model(x, y if at is None else y[at], at=at)
         return loss, loss.detach(), None
+    L = x.size(1)  # the clean half; the noisy copies, slots L on, are the forward's block
     maskable = answer if loss_on_answer_only else None
     phases = sbd.block_phases(answer, k, block_phase, generator).to(device)
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, phases, maskable, generator,
                                             flex=attention == "flex", token_shift=token_shift,
                                             complementary=complementary)  # mask (B, T, T)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
-    logits, _ = model(idx, pos=pos, mask=mask, at=at)  # (B, T, V) or (N, V), T = 2L - noisy prompt
-    loss, ntp, masked = sbd.sbd_loss(logits, labels, x.size(1), ntp_weight)  # clean: x.size(1)
+    logits, _ = model(idx, pos=pos, mask=mask, at=at, block_start=L)  # (B, T, V) or (N, V)
+    # with an adapter the clean half is the frozen NTP model: its term would teach nothing
+    loss, ntp, masked = sbd.sbd_loss(logits, labels, L, 0.0 if adapter_rank else ntp_weight)
     if kl_weight:  # the causal head's distributions as soft targets
-        loss = loss + kl_weight * sbd.causal_kl(logits, labels, x.size(1), k, phases)
+        loss = loss + kl_weight * sbd.causal_kl(logits, labels, L, k, phases)
     return loss, ntp, masked
 
 
@@ -251,6 +275,8 @@ if llama and model.config.vocab_size != task.vocab_size:
     raise ConfigError(f"the tokenizer has {task.vocab_size} tokens, the model "
                       f"{model.config.vocab_size}")
 model.activation_checkpointing = activation_checkpointing  # a Llama switch (GPT has none)
+if adapter_rank:  # attached now, before FSDP shards the model; it trains from the SBD stage on
+    attach_adapter(model, adapter_rank, adapter_layers, task.mask_id)
 in_stage_1 = checkpoint is None or checkpoint["stage"] == "ntp"  # halted at ntp_iters: still 1
 if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
     if fsdp:
@@ -261,6 +287,10 @@ if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
     else:  # the weights before any training (a scratch model's init is a function of the seed)
         initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {device}")
+if adapter_rank:
+    n_adapter = sum(p.numel() for name, p in model.named_parameters() if is_adapter(name))
+    print(f"block adapter: rank {adapter_rank} on {adapter_layers} layers, "
+          f"{n_adapter / 1e6:.2f}M parameters, trained in the SBD stage alone")
 
 iter_num, stage, estimated_at = 0, "ntp" if ntp_iters > 0 else "sbd", 0
 if checkpoint is not None:
@@ -292,6 +322,9 @@ elif ddp:
 
 
 def new_optimizer(stage):
+    """A fresh AdamW for a stage; with a block adapter, the SBD stage's trains the adapter alone."""
+    if adapter_rank and stage == "sbd":
+        freeze_base(raw_model)
     lr = ntp_lr if stage == "ntp" else sbd_lr
     return configure_optimizer(raw_model, weight_decay, lr, (beta1, beta2), device_type)
 
@@ -344,16 +377,36 @@ def log_estimate():
             f.write(json.dumps(dict(iter=iter_num, stage=stage, **out)) + "\n")
 
 
-def stage_checkpoint():
-    """A self-contained checkpoint (the layout in the docstring above), without the optimizer.
+def stage_checkpoint(whole=False):
+    """A self-contained checkpoint (the layout in the docstring above), without the optimizer;
+    with a block adapter, the NTP stage's holds the base alone unless whole (a resume's).
     Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the
     weights."""
     state = (dist_state.get_model_state_dict(raw_model, options=FULL) if fsdp
              else raw_model.state_dict())
-    return dict(model=state, model_family="llama" if llama else "gpt", model_args=model_args,
-                stage=stage, config=config, tokenizer=task.tokenizer_info, dataset=dataset,
-                data_version=task.data_version, mask_id=task.mask_id,
-                stop_ids=list(task.stop_ids), iter_num=iter_num)
+    checkpoint = dict(model=state, model_family="llama" if llama else "gpt",
+                      model_args=model_args, stage=stage, config=config,
+                      tokenizer=task.tokenizer_info, dataset=dataset,
+                      data_version=task.data_version, mask_id=task.mask_id,
+                      stop_ids=list(task.stop_ids), iter_num=iter_num)
+    if adapter_rank:  # the adapter trains in stage 2 only: the NTP model is the base alone
+        base, adapter = split_adapter(state)
+        checkpoint["model"] = base if stage == "ntp" and not whole else state
+        if stage == "sbd" or whole:
+            checkpoint["adapter"] = dict(rank=adapter_rank, layers=adapter_layers,
+                                         mask_id=task.mask_id)
+    return checkpoint
+
+
+def sbd_checkpoint():
+    """ckpt_sbd.pt: the whole model, or with adapter_only the adapter and its base's name and
+    fingerprint (load_checkpoint refuses it on other base weights)."""
+    checkpoint = stage_checkpoint()
+    if adapter_only and master:
+        base, adapter = split_adapter(checkpoint["model"])
+        checkpoint.update(model=adapter, base=dict(file="ckpt_ntp.pt",
+                                                   fingerprint=fingerprint(base)))
+    return checkpoint
 
 
 def save(name, checkpoint):
@@ -367,7 +420,8 @@ def save_resume(estimated=False):
     estimated: this iteration's log_estimate is in eval.jsonl (a resume does not repeat it)."""
     optimizer_state = (dist_state.get_optimizer_state_dict(raw_model, optimizer, options=FULL)
                        if fsdp else optimizer.state_dict())
-    save("resume", dict(stage_checkpoint(), optimizer=optimizer_state, estimated=estimated))
+    save("resume", dict(stage_checkpoint(whole=True), optimizer=optimizer_state,
+                        estimated=estimated))
 
 
 # training loop
@@ -443,7 +497,7 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
     else:
         if iter_num % eval_interval == 0:  # the last step's estimate, as every eval_interval's
             log_estimate()
-        save(stage, stage_checkpoint())
+        save(stage, sbd_checkpoint() if stage == "sbd" else stage_checkpoint())
         if master:
             print(f"saved the {stage.upper()} model to {out_dir}/ckpt_{stage}.pt")
         if stage == "sbd" and report and master:  # Table 1 (evaluate.py)

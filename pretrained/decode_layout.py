@@ -20,7 +20,7 @@ from torch.nn import functional as F
 
 from configurator import ConfigError
 from generate import cxx_compiler
-from model import GPT, Llama
+from model import GPT, Llama, LowRank, add_delta
 
 WEIGHTS = ("trained", "int8", "int4")  # lay_out_for_decoding's weight formats
 GROUP = 32  # a 4-bit run: GGUF's Q4_1 block, 32 weights of a row with one scale and one minimum
@@ -33,8 +33,9 @@ class DecodeLinear(nn.Module):
     quantized_rows rows uses (the kernels are fast for one token, not for a block: which widths
     gain is the CPU's, `python -m bench.four_bit`); wider forwards read w, dropped if none can."""
 
-    def __init__(self, weights, bias, dtype, kind="trained", quantized_rows=0):
+    def __init__(self, weights, bias, dtype, kind="trained", quantized_rows=0, deltas=()):
         super().__init__()
+        self.delta = fused_delta(deltas, dtype)  # the block adapter's, if the layers had one
         w = torch.cat([w.detach() for w in weights]).to(dtype).contiguous()  # (N, K)
         self.kind, self.quantized_rows = kind, quantized_rows if kind != "trained" else 0
         self.register_buffer("weight", None if self.quantized_rows == math.inf else w)
@@ -49,7 +50,7 @@ class DecodeLinear(nn.Module):
                 codes, 1))  # two codes a byte, in the kernel's tiles
             self.register_buffer("pairs", pairs.to(dtype))  # (K / 32, N, 2): scale, zero
 
-    def forward(self, x):
+    def forward(self, x, gate=None):
         rows, K = x.numel() // x.size(-1), x.size(-1)  # fixed per compiled width: no branch left
         if rows > self.quantized_rows:
             y = F.linear(x, self.weight)
@@ -59,7 +60,21 @@ class DecodeLinear(nn.Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(rows, K), self.codes, GROUP,
                                                             self.pairs)
         y = y.view(*x.shape[:-1], -1)  # (..., N)
-        return y if self.bias is None else y + self.bias
+        return add_delta(y if self.bias is None else y + self.bias, x, gate, self.delta)
+
+
+def fused_delta(deltas, dtype):
+    """The block adapter's deltas of layers fused into one (LowRank A (r, K), B (N_i, r) each) as
+    one LowRank: A stacked (n r, K), B block-diagonal (sum N_i, n r), so that one delta gives
+    each layer's output side by side, as the fused weight does. None where the layers had none."""
+    if not deltas or deltas[0] is None:
+        return None
+    fused = LowRank(1, 1, 1)
+    fused.A = torch.nn.Parameter(torch.cat([d.A.detach() for d in deltas]).to(dtype),
+                                 requires_grad=False)
+    fused.B = torch.nn.Parameter(torch.block_diag(*[d.B.detach() for d in deltas]).to(dtype),
+                                 requires_grad=False)
+    return fused
 
 
 def q4_1_codes(w):
@@ -105,15 +120,17 @@ def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four
             for owner, name in ((block.attn, "c_attn"), (block.attn, "c_proj"),
                                 (block.mlp, "c_fc"), (block.mlp, "c_proj")):
                 layer = getattr(owner, name)
-                setattr(owner, name, linear([layer.weight], layer.bias))
+                setattr(owner, name, linear([layer.weight], layer.bias, deltas=[layer.delta]))
         model.lm_head = DecodeLinear([model.lm_head.weight], None, dtype)
         model.laid_out = weights
         return model
     for block in model.layers:
         a, f = block.attention, block.feed_forward
-        a.wqkv = linear([a.wq.weight, a.wk.weight, a.wv.weight], None)
-        a.wo = linear([a.wo.weight], None)
-        f.w13, f.w2 = linear([f.w1.weight, f.w3.weight], None), linear([f.w2.weight], None)
+        a.wqkv = linear([a.wq.weight, a.wk.weight, a.wv.weight], None,
+                        deltas=[a.wq.delta, a.wk.delta, a.wv.delta])
+        a.wo = linear([a.wo.weight], None, deltas=[a.wo.delta])
+        f.w13 = linear([f.w1.weight, f.w3.weight], None, deltas=[f.w1.delta, f.w3.delta])
+        f.w2 = linear([f.w2.weight], None, deltas=[f.w2.delta])
         del a.wq, a.wk, a.wv, f.w1, f.w3
     model.output = DecodeLinear([model.output.weight], None, dtype)
     model.laid_out = weights

@@ -102,7 +102,7 @@ def read_out(model, checkpoint, x, answer, k, autocast, batch_size):
         at[rows[is_read], slots[is_read]] = True
         at[rows[is_read], causal[is_read]] = True
         with autocast:
-            logits, _ = model(idx, pos=pos, mask=mask, at=at)  # (N, V) at the slots read
+            logits, _ = model(idx, pos=pos, mask=mask, at=at, block_start=L)  # (N, V) read
         row_of = (at.flatten().cumsum(0) - 1).view(at.shape)  # slot -> its row of logits
         logits = suppress_mask(logits.float(), mask_id)
         tokens, logp = greedy(logits), F.log_softmax(logits, dim=-1)  # (N,), (N, V)

@@ -60,7 +60,7 @@ class LeftPadded(torch.nn.Module):
         self.config, self.max_seq_len, self.new_cache = (model.config, model.max_seq_len,
                                                          model.new_cache)
 
-    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
+    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None, block_start=None):
         B, T = idx.size()
         keys = torch.arange(T, device=idx.device) if cache is None else cache.slots  # (S,)
         own = None
@@ -78,7 +78,8 @@ class LeftPadded(torch.nn.Module):
         if own is not None:
             mask = mask | own
         pos = (pos - n_pad[:, None]).clamp(min=0)  # (B, T); fillers at 0
-        return self.model(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
+        return self.model(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit,
+                          block_start=block_start)
 
 
 def batches(task, model, problems, batch_size):
