@@ -19,7 +19,7 @@ Mask functions take (q, kv): the query slot and the key slot, broadcast over ind
 import torch
 from torch.nn import functional as F
 
-from model import IGNORE_INDEX, block_mask, causal_mask, in_block
+from model import IGNORE_INDEX, block_mask, causal_mask, cross_entropy, in_block
 
 # -----------------------------------------------------------------------------
 # the alignment: which block slot predicts which block position (decoding reads it, training
@@ -322,6 +322,30 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     ntp = (nll[:, :L] * labelled[:, :L]).sum() / labelled[:, :L].sum().clamp(min=1)
     masked = (nll[:, L:] * labelled[:, L:]).sum() / labelled[:, L:].sum().clamp(min=1)
     return loss, ntp.detach(), masked.detach()
+
+
+def adapter_loss(model, cache, idx, pos, mask, labels, L, at=None):
+    """The SBD step of a block adapter (train.py's adapter_rank): the masked-token term of Eq. 14,
+    as sbd_loss computes it with ntp_weight=0 from one forward, for less work. The clean half
+    (slots 0..L-1) goes through the frozen model alone (no slot of it is in the block), so it
+    runs once without autograd into cache, an empty KV cache of T slots; the noisy copies' forward
+    (slots L on, their rows of the mask) attends to it, and only that forward trains.
+    idx, pos, mask (dense), labels of sbd_inputs; at (B, T) the slots whose logits are computed
+    (None: all). -> (masked-token loss, NTP loss of the clean half (detached), the same loss
+    detached)"""
+    at_clean, at_noisy = (None, None) if at is None else (at[:, :L], at[:, L:])
+    with torch.no_grad():
+        clean, _ = model(idx[:, :L], cache=cache, at=at_clean)  # (B, L, V) or (N, V)
+        ntp = labelled_loss(clean, labels[:, :L], at_clean)
+    noisy, _ = model(idx[:, L:], pos=pos[L:], mask=mask[:, L:], cache=cache, n_commit=0,
+                     at=at_noisy, block_start=L)  # (B, T - L, V) or (N, V)
+    loss = labelled_loss(noisy, labels[:, L:], at_noisy)
+    return loss, ntp, loss.detach()
+
+
+def labelled_loss(logits, labels, at):
+    """Mean cross-entropy of logits (B, T, V), or (N, V) at the slots at (B, T) marks."""
+    return cross_entropy(logits, labels if at is None else labels[at])
 
 
 def causal_pairs(labels, L, k, phases):

@@ -61,7 +61,7 @@ from tasks import CharTask, JsonlTask, check_same_data, step_generator
 # default config: the small addition-trace demo
 out_dir = "out-sbd-small"
 dataset = "addition"  # data/<name>/ (made by its prepare.py), or a .jsonl of chat pairs
-init_from = "scratch"  # 'scratch', 'resume', or pretrained: a Llama 3 dir, a .gguf, 'smollm2'
+init_from = "scratch"  # 'scratch', 'resume', or pretrained: a Llama 3 dir, a .gguf, 'smollm2', a .pt
 # model (GPT-2 style)
 n_layer = 4
 n_head = 4
@@ -148,7 +148,7 @@ if min(ntp_weight, kl_weight, ntp_iters, sbd_iters) < 0:
 if (token_shift or complementary_masks) and (sbd_iters == 0 or kl_weight):
     raise ConfigError("token_shift and complementary_masks set how SBD trains: they need "
                       "sbd_iters > 0 and kl_weight=0 (kl_weight pairs slots by the paper's rule)")
-if adapter_rank < 0 or adapter_rank and (sbd_iters == 0 or sbd_starts_from != "ntp"):
+if adapter_rank < 0 or adapter_rank and (sbd_iters == 0 or sbd_starts_from == "init" and ntp_iters):
     raise ConfigError(f"adapter_rank={adapter_rank}: a block adapter (rank >= 1) trains in the SBD "
                       "stage on top of the NTP model: it needs sbd_iters > 0 and "
                       "sbd_starts_from='ntp'; adapter_rank=0 fine-tunes every weight")
@@ -250,6 +250,10 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
                                             flex=attention == "flex", token_shift=token_shift,
                                             complementary=complementary)  # mask (B, T, T)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
+    if adapter_rank and attention == "sdpa":
+        kv_dtype = ptdtype if use_autocast else None  # the keys' dtype under autocast
+        return sbd.adapter_loss(model, raw_model.new_cache(len(x), idx.size(1), device, kv_dtype),
+                                idx, pos, mask, labels, L, at)
     logits, _ = model(idx, pos=pos, mask=mask, at=at, block_start=L)  # (B, T, V) or (N, V)
     # with an adapter the clean half is the frozen NTP model: its term would teach nothing
     loss, ntp, masked = sbd.sbd_loss(logits, labels, L, 0.0 if adapter_rank else ntp_weight)

@@ -36,9 +36,9 @@ def pretrained_path(name):
         from pretrained.load_gguf import find_smollm2
 
         return find_smollm2()
-    if not (os.path.isdir(name) or name.endswith(".gguf") and os.path.isfile(name)):
+    if not (os.path.isdir(name) or name.endswith((".gguf", ".pt")) and os.path.isfile(name)):
         raise ConfigError(f"no pretrained model at {name!r}: expected a Llama 3 directory, a .gguf "
-                          "file, or 'smollm2'")
+                          "file, a train.py checkpoint (.pt), or 'smollm2'")
     return name
 
 
@@ -46,6 +46,12 @@ def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
     """A Llama 3 or Qwen-3 directory, a GGUF file or 'smollm2' (pretrained_path) -> (model.Llama
     in eval mode, its tokenizer; None for a directory without a tokenizer if not need_tokenizer)."""
     path = pretrained_path(path)
+    if str(path).endswith(".pt"):  # a train.py checkpoint of a Llama-family model: fine-tune on
+        model, checkpoint = load_checkpoint(path, device)
+        if checkpoint["model_family"] != "llama" or "adapter" in checkpoint:
+            raise ConfigError(f"{path}: init_from takes a Llama-family model's checkpoint "
+                              "without a block adapter (e.g. a run's ckpt_ntp.pt)")
+        return model.to(dtype or model.output.weight.dtype).eval(), tokenizer_of(checkpoint["tokenizer"])
     if str(path).endswith(".gguf"):
         from pretrained.load_gguf import load_gguf  # needs the optional gguf package
 
