@@ -296,9 +296,8 @@ def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
     end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
     mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
     pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
-    logits, _ = model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit,
-                      block_start=start[..., 0])  # (B, 1): the slots the block adapter sees
-    return logits
+    return model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit,
+                 block_start=start[..., 0])[0]  # (B, 1): a block adapter reads from there on
 
 
 def block_forward(model, cache, prev, block):

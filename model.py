@@ -189,7 +189,7 @@ def cross_entropy(logits, targets):
 
 
 # -----------------------------------------------------------------------------
-# the block adapter: a low-rank delta that only the block's slots see (docs/method.md, Block adapter)
+# the block adapter: a low-rank delta only the block's slots see (docs/method.md, Block adapter)
 
 
 class LowRank(nn.Module):
@@ -275,24 +275,6 @@ def attach_adapter(model, rank, layers, mask_id):
     return model
 
 
-def is_adapter(name):
-    """Whether a parameter or state dict entry is the block adapter's."""
-    return name.startswith("block_adapter.") or ".delta." in name
-
-
-def freeze_base(model):
-    """The block adapter alone trains: every other parameter frozen (no gradient, no AdamW
-    state), so the next-token path stays the base model's."""
-    for name, p in model.named_parameters():
-        p.requires_grad_(is_adapter(name))
-
-
-def split_adapter(state):
-    """A state dict -> (the base model's entries, the block adapter's)."""
-    return ({k: v for k, v in state.items() if not is_adapter(k)},
-            {k: v for k, v in state.items() if is_adapter(k)})
-
-
 def fingerprint(state):
     """sha256 of a state dict's tensors, by name: an adapter is only valid on the base it was
     trained on."""
@@ -342,7 +324,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = dropout_layer(config.dropout)
         self.n_head, self.dropout = config.n_head, config.dropout
 
-    def forward(self, x, layer, mask, cache, n_commit, gate):
+    def forward(self, x, layer, mask, cache, n_commit, gate=None):
         B, T, C = x.size()
         q, k, v = self.c_attn(x, gate).chunk(3, dim=2)  # each (B, T, C); split() costs ~2 us more
         nh, hs = self.n_head, C // self.n_head
@@ -360,7 +342,7 @@ class MLP(nn.Module):
         self.c_proj = Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = dropout_layer(config.dropout)
 
-    def forward(self, x, gate):
+    def forward(self, x, gate=None):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x, gate)), gate))
 
 
@@ -372,7 +354,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, layer, mask, cache, n_commit, gate):
+    def forward(self, x, layer, mask, cache, n_commit, gate=None):
         x = x + self.attn(self.ln_1(x), layer, mask, cache, n_commit, gate)
         return x + self.mlp(self.ln_2(x), gate)
 
@@ -599,7 +581,7 @@ class LlamaAttention(nn.Module):
         if config.qk_norm:  # Qwen-3: one weight of hd per norm, shared by all heads
             self.q_norm, self.k_norm = RMSNorm(hd, config.norm_eps), RMSNorm(hd, config.norm_eps)
 
-    def project(self, x, gate):
+    def project(self, x, gate=None):
         """x (B, T, dim) -> q, k, v: three products, or one of the fused wqkv that
         pretrained/decode_layout.py makes (the checkpoint's wq, wk, wv one after the other)."""
         if not hasattr(self, "wqkv"):
@@ -607,7 +589,7 @@ class LlamaAttention(nn.Module):
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         return self.wqkv(x, gate).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
 
-    def forward(self, x, cos, sin, layer, mask, cache, n_commit, gate):
+    def forward(self, x, cos, sin, layer, mask, cache, n_commit, gate=None):
         """x (B, T, dim) -> (B, T, dim), grouped-query attention: q gets n_heads heads, k and v
         n_kv_heads, of head_dim each. q and k are normed (if qk_norm), then rotated: the cache holds
         rotated keys. k and v enter attention() with n_kv_heads heads, each serving
@@ -631,7 +613,7 @@ class FeedForward(nn.Module):
         self.w2 = Linear(config.ffn_hidden, config.dim, bias=False)  # down
         self.w3 = Linear(config.dim, config.ffn_hidden, bias=False)  # up
 
-    def forward(self, x, gate):
+    def forward(self, x, gate=None):
         if hasattr(self, "w13"):  # lay_out_for_decoding's fused [w1 ; w3]: one product
             w1x, w3x = self.w13(x, gate).chunk(2, dim=-1)
         else:
@@ -647,7 +629,7 @@ class LlamaBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cos, sin, layer, mask, cache, n_commit, gate):
+    def forward(self, x, cos, sin, layer, mask, cache, n_commit, gate=None):
         h = x + self.attention(self.attention_norm(x), cos, sin, layer, mask, cache, n_commit,
                                gate)
         return h + self.feed_forward(self.ffn_norm(h), gate)

@@ -343,6 +343,24 @@ def adapter_loss(model, cache, idx, pos, mask, labels, L, at=None):
     return loss, ntp, loss.detach()
 
 
+def is_adapter(name):
+    """Whether a parameter or state dict entry is the block adapter's."""
+    return name.startswith("block_adapter.") or ".delta." in name
+
+
+def freeze_base(model):
+    """The block adapter alone trains: every other parameter frozen (no gradient, no AdamW
+    state), so the next-token path stays the base model's."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(is_adapter(name))
+
+
+def split_adapter(state):
+    """A state dict -> (the base model's entries, the block adapter's)."""
+    return ({k: v for k, v in state.items() if not is_adapter(k)},
+            {k: v for k, v in state.items() if is_adapter(k)})
+
+
 def labelled_loss(logits, labels, at):
     """Mean cross-entropy of logits (B, T, V), or (N, V) at the slots at (B, T) marks."""
     return cross_entropy(logits, labels if at is None else labels[at])

@@ -48,10 +48,7 @@ from model import (
     attach_adapter,
     configure_optimizer,
     fingerprint,
-    freeze_base,
-    is_adapter,
     save_checkpoint,
-    split_adapter,
 )
 from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
@@ -61,7 +58,7 @@ from tasks import CharTask, JsonlTask, check_same_data, step_generator
 # default config: the small addition-trace demo
 out_dir = "out-sbd-small"
 dataset = "addition"  # data/<name>/ (made by its prepare.py), or a .jsonl of chat pairs
-init_from = "scratch"  # 'scratch', 'resume', or pretrained: a Llama 3 dir, a .gguf, 'smollm2', a .pt
+init_from = "scratch"  # 'scratch', 'resume', or pretrained: a Llama 3 dir, .gguf, 'smollm2', .pt
 # model (GPT-2 style)
 n_layer = 4
 n_head = 4
@@ -292,9 +289,15 @@ if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
         initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {device}")
 if adapter_rank:
-    n_adapter = sum(p.numel() for name, p in model.named_parameters() if is_adapter(name))
+    n_adapter = sum(p.numel() for name, p in model.named_parameters() if sbd.is_adapter(name))
+    n_base = sum(p.numel() for p in model.parameters()) - n_adapter
+    base_bytes = n_base * (4 if fsdp else next(model.parameters()).element_size())
+    # the SBD stage: the frozen base in its dtype (fp32 shards under FSDP), and for the adapter
+    # fp32 weights, gradients and AdamW's two moments; activations come on top
     print(f"block adapter: rank {adapter_rank} on {adapter_layers} layers, "
-          f"{n_adapter / 1e6:.2f}M parameters, trained in the SBD stage alone")
+          f"{n_adapter / 1e6:.2f}M parameters, trained in the SBD stage alone; memory before "
+          f"activations: base {base_bytes / 1e9 / world_size:.1f} GB + adapter "
+          f"{16 * n_adapter / 1e9:.2f} GB per process")
 
 iter_num, stage, estimated_at = 0, "ntp" if ntp_iters > 0 else "sbd", 0
 if checkpoint is not None:
@@ -328,7 +331,7 @@ elif ddp:
 def new_optimizer(stage):
     """A fresh AdamW for a stage; with a block adapter, the SBD stage's trains the adapter alone."""
     if adapter_rank and stage == "sbd":
-        freeze_base(raw_model)
+        sbd.freeze_base(raw_model)
     lr = ntp_lr if stage == "ntp" else sbd_lr
     return configure_optimizer(raw_model, weight_decay, lr, (beta1, beta2), device_type)
 
@@ -394,7 +397,7 @@ def stage_checkpoint(whole=False):
                       data_version=task.data_version, mask_id=task.mask_id,
                       stop_ids=list(task.stop_ids), iter_num=iter_num)
     if adapter_rank:  # the adapter trains in stage 2 only: the NTP model is the base alone
-        base, adapter = split_adapter(state)
+        base, _ = sbd.split_adapter(state)
         checkpoint["model"] = base if stage == "ntp" and not whole else state
         if stage == "sbd" or whole:
             checkpoint["adapter"] = dict(rank=adapter_rank, layers=adapter_layers,
@@ -407,7 +410,7 @@ def sbd_checkpoint():
     fingerprint (load_checkpoint refuses it on other base weights)."""
     checkpoint = stage_checkpoint()
     if adapter_only and master:
-        base, adapter = split_adapter(checkpoint["model"])
+        base, adapter = sbd.split_adapter(checkpoint["model"])
         checkpoint.update(model=adapter, base=dict(file="ckpt_ntp.pt",
                                                    fingerprint=fingerprint(base)))
     return checkpoint
@@ -431,7 +434,24 @@ def save_resume(estimated=False):
 # training loop
 total_iters = ntp_iters + sbd_iters
 log_path = os.path.join(out_dir, "log.jsonl")
-t0 = time.time()
+t0 = started = time.time()
+step_seconds = {}  # each stage's measured seconds per step (the estimate of the time left)
+
+
+def time_left():
+    """Seconds of training left at this pace: each stage's remaining steps at its measured step
+    time; the SBD stage, before it has one, at the NTP step's scaled by its forward's size."""
+    ntp_step = step_seconds.get("ntp", 0.0)
+    sbd_size = sbd_batch_size * (2 + complementary_masks) / batch_size  # slots vs an NTP step
+    sbd_step = step_seconds.get("sbd", ntp_step * sbd_size)
+    return (max(ntp_iters - iter_num, 0) * ntp_step
+            + min(total_iters - iter_num, sbd_iters) * sbd_step)
+
+
+def clock(seconds):
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
 while iter_num < total_iters:
     if stage == "ntp" and iter_num >= ntp_iters:  # stage 1 done: its weights are the baseline
         save("ntp", stage_checkpoint())
@@ -479,6 +499,11 @@ while iter_num < total_iters:
     if iter_num % log_interval == 0 and master:
         dt = (time.time() - t0) / (log_interval if iter_num > 0 else 1)
         t0 = time.time()
+        first_pace = iter_num > 0 and not step_seconds
+        if iter_num > 0:  # iteration 0's time is mostly warm-up
+            step_seconds[stage] = dt
+        progress = (f", {clock(t0 - started)} elapsed, ~{clock(time_left())} left"
+                    if step_seconds else "")
         copies = 0 if stage == "ntp" else 1 + complementary_masks  # noisy copies per row
         tokens = rows * gradient_accumulation_steps * world_size * L * (1 + copies)
         masked_text = f", masked-token {masked_loss.item():.4f} (k={k})" if stage == "sbd" else ""
@@ -487,7 +512,10 @@ while iter_num < total_iters:
                   if device_type == "cuda" else "")
         print(f"iter {iter_num} [{stage}]: loss {loss.item():.4f} (NTP {ntp_loss.item():.4f}"
               f"{masked_text}), lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s"
-              f"{memory}")
+              f"{memory}{progress}")
+        if first_pace:
+            print(f"at this pace training takes about {clock(t0 - started + time_left())} on "
+                  f"this machine{', then the report' if report else ''}")
         with open(log_path, "a") as f:
             f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=k, rows=rows))
                     + "\n")

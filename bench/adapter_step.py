@@ -25,7 +25,8 @@ import bench.train_step as step
 import sbd
 from bench.measure import cpu_name
 from configurator import configure, pick_device, resolve_dtype
-from model import IGNORE_INDEX, attach_adapter, freeze_base
+from model import IGNORE_INDEX, attach_adapter
+from sbd import freeze_base
 
 rank = 64  # the adapter's rank
 layers = "all"  # which linear layers carry it: 'all', 'attention', 'mlp'
@@ -88,23 +89,7 @@ def main(argv):
           f"adapter rank {settings['rank']} on {settings['layers']} layers "
           f"({n_adapter / 1e6:.2f}M parameters), {ptdtype}, {torch.get_num_threads()} threads, "
           f"{cpu_name() if dev == 'cpu' else dev}")
-
-    def run(name):
-        if name == "full fine-tune":
-            model.requires_grad_(True)
-        else:
-            freeze_base(model)
-        t0, losses = time.perf_counter(), []
-        for inputs, labels, L in data:
-            at = labels != IGNORE_INDEX
-            with autocast:
-                loss = ARMS[name](model, inputs, labels, L, at, kv_dtype)
-            loss.backward()
-            optimizers[name].step()
-            optimizers[name].zero_grad(set_to_none=True)
-            losses.append(loss.item())
-        return (time.perf_counter() - t0) / len(data), losses
-
+    run = lambda name: steps_of(name, model, optimizers[name], data, autocast, kv_dtype)
     for _ in range(settings["warmup"]):
         for name in ARMS:
             run(name)
@@ -113,6 +98,28 @@ def main(argv):
         for name in ARMS:
             seconds, losses[name] = run(name)
             times[name].append(seconds)
+    print_times(times, losses, settings)
+
+
+def steps_of(name, model, optimizer, data, autocast, kv_dtype):
+    """One arm's optimizer steps over data -> (seconds per step, losses)."""
+    if name == "full fine-tune":
+        model.requires_grad_(True)
+    else:
+        freeze_base(model)
+    t0, losses = time.perf_counter(), []
+    for inputs, labels, L in data:
+        at = labels != IGNORE_INDEX
+        with autocast:
+            loss = ARMS[name](model, inputs, labels, L, at, kv_dtype)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return (time.perf_counter() - t0) / len(data), losses
+
+
+def print_times(times, losses, settings):
     first = next(iter(ARMS))
     for name, t in times.items():
         ratio = [a / b for a, b in zip(t, times[first])]

@@ -43,6 +43,12 @@ grad_clip = 1.0
 k_min = 2
 k_max = 16
 ntp_weight = 1.0
+# The block adapter (docs/method.md, Block adapter): adapter_rank=64 freezes the model and trains
+# a low-rank delta that only the block's slots see (168M parameters at rank 64 on every layer),
+# so NTP decoding stays Llama-3.1-8B's own. Frozen in bf16 on one GPU (--fsdp=False) it needs
+# 16 GB of weights + 2.7 GB of adapter state before activations: one 80 GB GPU (train.py prints
+# the estimate at start). A LoRA wants a higher lr than a full fine-tune (e.g. 1e-3).
+adapter_rank = 0  # 0: every weight trains (the paper)
 batch_size = 2  # rows per GPU per micro-step (each one a 4096-token SBD forward)
 gradient_accumulation_steps = 64  # 8 GPUs x 2 rows x 64 x 2048 tokens = 2.1M tokens per step
 

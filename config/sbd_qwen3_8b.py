@@ -41,6 +41,10 @@ grad_clip = 1.0
 k_min = 2
 k_max = 16
 ntp_weight = 1.0
+# The block adapter (docs/method.md, Block adapter): adapter_rank=64 freezes the model and trains
+# a low-rank delta that only the block's slots see, so NTP decoding stays the model's own; frozen
+# in bf16 on one GPU (--fsdp=False) it fits one 80 GB GPU (train.py prints the estimate at start).
+adapter_rank = 0  # 0: every weight trains (the paper)
 batch_size = 2  # rows per GPU per micro-step (each one a 4096-token SBD forward)
 gradient_accumulation_steps = 64  # 8 GPUs x 2 rows x 64 x 2048 tokens = 2.1M tokens per step
 

@@ -51,7 +51,8 @@ def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
         if checkpoint["model_family"] != "llama" or "adapter" in checkpoint:
             raise ConfigError(f"{path}: init_from takes a Llama-family model's checkpoint "
                               "without a block adapter (e.g. a run's ckpt_ntp.pt)")
-        return model.to(dtype or model.output.weight.dtype).eval(), tokenizer_of(checkpoint["tokenizer"])
+        tokenizer = tokenizer_of(checkpoint["tokenizer"])
+        return model.to(dtype or model.output.weight.dtype).eval(), tokenizer
     if str(path).endswith(".gguf"):
         from pretrained.load_gguf import load_gguf  # needs the optional gguf package
 

@@ -22,6 +22,7 @@ from test_exact_serving import (
     statistic,
     tiny_sampling_model,
 )
+from test_training import RESUME, TINY, read_log, train
 
 import exact
 import generate
@@ -29,10 +30,10 @@ import model as model_lib
 import sbd
 import tiny_models
 from configurator import ConfigError
-from model import attach_adapter, freeze_base, is_adapter
+from model import attach_adapter
 from pretrained.decode_layout import lay_out_for_decoding
 from sampling import DecodeSettings, settings_for
-from test_training import RESUME, TINY, read_log, train
+from sbd import freeze_base, is_adapter
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -341,3 +342,21 @@ def test_resume_with_an_adapter_is_exact(tmp_path, halt_after):
         expected = torch.load(f"{straight}/{name}", weights_only=False)["model"]
         assert resumed.keys() == expected.keys()
         assert all(torch.equal(resumed[key], expected[key]) for key in expected), name
+
+
+@pytest.mark.compile
+def test_compiled_decoding_with_an_adapter_gives_the_eager_tokens():
+    """The compiled step computes the delta on every row and keeps it where gated (static
+    shapes): NTP, plain SBD and exact SBD (batch 2, rows at different lengths) decode the eager
+    tokens, and exact SBD the base model's NTP."""
+    base, m = adapted("llama-tiny")
+    m, base = lay_out_for_decoding(m.float(), torch.float32), base.float()
+    p = tokens(m, 2, 5, seed=1)
+    plain = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
+    runs = [(generate.ntp_generate, plain), (generate.sbd_generate, plain),
+            (exact.exact_generate, plain.replace(gamma=1e9, exact=True))]
+    for decode, settings in runs:
+        eager, _ = decode(m, p, settings, 12)
+        compiled, _ = decode(m, p, settings.replace(compiled=True), 12)
+        assert compiled == eager, decode.__name__
+    assert compiled == tiny_models.ntp(base, p, 12, mask_id=mask_id_of(m))[0]

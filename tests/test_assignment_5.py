@@ -49,7 +49,7 @@ class AlwaysRight(torch.nn.Module):
     def new_cache(self, *args, **kwargs):
         return self.inner.new_cache(*args, **kwargs)
 
-    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
+    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None, block_start=None):
         n_commit = idx.size(1) if n_commit is None else n_commit
         if pos is None:  # the model's own: the slots after the cached ones
             pos = torch.arange(cache.length, cache.length + idx.size(1))

@@ -180,7 +180,7 @@ class Scripted(torch.nn.Module):
                 return full, len(row) - len(head)
         raise KeyError("an unknown prompt")
 
-    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
+    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None, block_start=None):
         B, T = idx.size()
         n_commit = T if n_commit is None else n_commit
         if not hasattr(cache, "script"):  # the prefill: every prompt but its last token

@@ -108,7 +108,7 @@ class ScriptedDrafts(torch.nn.Module):
     def new_cache(self, *args, **kwargs):
         return self.inner.new_cache(*args, **kwargs)
 
-    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None):
+    def forward(self, idx, pos=None, mask=None, cache=None, n_commit=None, block_start=None):
         n_commit = idx.size(1) if n_commit is None else n_commit  # the prefill commits everything
         if pos is None:  # the default: slot positions
             pos = torch.arange(cache.length, cache.length + idx.size(1))

@@ -21,8 +21,17 @@ import generate
 import sampling
 import sbd
 import tiny_models
-from model import IGNORE_INDEX, LLAMA_PRESETS, Llama, LlamaConfig, load_checkpoint, rope_frequencies
-from pretrained.load_llama import config_from_hf, write_safetensors
+from model import (
+    IGNORE_INDEX,
+    LLAMA_PRESETS,
+    Llama,
+    LlamaConfig,
+    load_checkpoint,
+    rope_frequencies,
+)
+from pretrained.load_llama import config_from_hf, init_mask_embedding, write_safetensors
+from pretrained.loading import load_pretrained
+from sbd import is_adapter
 from tasks import JsonlTask
 from test_llama_io import tiny_config_json, to_hf
 
@@ -305,6 +314,35 @@ def test_fsdp_and_ddp_agree_on_two_cpu_processes(files, tmp_path):
     assert len(losses["fsdp"]) == 3 and losses["fsdp"] == pytest.approx(losses["ddp"], abs=1e-4)
     assert all(torch.allclose(weights["fsdp"][name], w, atol=1e-5)
                for name, w in weights["ddp"].items())
+
+
+def test_fsdp_trains_a_block_adapter_on_two_cpu_processes(files, tmp_path):
+    """torchrun, 2 CPU processes (gloo), the 8B config's adapter path shrunk: FSDP2 trains the
+    block adapter alone. The SBD checkpoint's base weights are the model as loaded (its mask row
+    initialised as train.py does), bit for bit, and the adapter moved."""
+    write_llama_dir(tmp_path / "meta", "meta")
+    out_dir = tmp_path / "out"
+    args = ["config/sbd_llama8b.py", f"--init_from={tmp_path / 'meta'}",
+            f"--dataset={files['jsonl']}", f"--out_dir={out_dir}", "--dtype=float32",
+            "--fsdp=True", "--attention=sdpa", "--seq_len=48", "--batch_size=2",
+            "--gradient_accumulation_steps=1", "--sbd_iters=3", "--warmup_iters=1",
+            "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--adapter_rank=4",
+            "--sbd_lr=1e-2"]
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", "train.py", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "block adapter: rank 4" in out.stdout and "GB per process" in out.stdout
+    trained = torch.load(out_dir / "ckpt_sbd.pt", weights_only=False)
+    assert trained["adapter"]["rank"] == 4
+    base, _ = load_pretrained(str(tmp_path / "meta"), "cpu", torch.float32)
+    expected = init_mask_embedding(base, MASK).state_dict()
+    for name, tensor in trained["model"].items():
+        if is_adapter(name):
+            assert not name.endswith(".B") or tensor.abs().sum() > 0, name  # B starts at 0
+        else:
+            assert torch.equal(tensor, expected[name]), name
 
 
 def test_train_py_rejects_mismatched_settings(files):
