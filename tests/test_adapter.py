@@ -299,6 +299,7 @@ def test_train_refuses_an_adapter_without_an_sbd_stage(args, message, tmp_path):
     assert len(run.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_train_saves_the_adapter_alone_and_loads_it_on_its_base_only(tmp_path):
     """Both stages with adapter_only: ckpt_sbd.pt holds the adapter alone (smaller than
     ckpt_ntp.pt), loads on ckpt_ntp.pt with the NTP model's causal logits and other block
@@ -325,6 +326,7 @@ def test_train_saves_the_adapter_alone_and_loads_it_on_its_base_only(tmp_path):
         model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("halt_after", [4, 6])
 def test_resume_with_an_adapter_is_exact(tmp_path, halt_after):
     """Halted at the stage switch or inside the SBD stage, then resumed: the same log and

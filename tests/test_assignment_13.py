@@ -11,6 +11,7 @@ predict decodes to NTP's tokens with every draft right, decoding reads where tra
 cached decoding equals uncached.
 """
 
+import pytest
 import torch
 from test_experiments import experiments
 
@@ -54,6 +55,7 @@ def test_labels_never_show_a_slot_its_target():
                 "can look")
 
 
+@pytest.mark.slow
 def test_a_short_run_from_an_ntp_model_learns_fast(tmp_path):
     """SHORT SBD steps with token_shift from the NTP-trained start of the graded experiments
     (assignments/experiments.py): the masked-token loss on val, as train.py estimates it, must

@@ -128,6 +128,7 @@ def is_question(entry):
     return ": question " in entry["name"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", GRADED)
 def test_a_stub_never_passes(n, handouts, tmp_path):
     """A stub scores 0: every test fails with the assignment's NotImplementedError (an experiment
@@ -148,6 +149,7 @@ def test_a_stub_never_passes(n, handouts, tmp_path):
             assert "not answered" in t["output"], t
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", GRADED)
 def test_full_points_without_any_later_assignment(n, handouts, tmp_path):
     """n's tests pass on a handout where every assignment after n is blanked: so they need nothing
@@ -210,6 +212,7 @@ def leaks(directory, numbers, files):
             if any(in_handout[p] > kept[p] for p in pieces(line))]
 
 
+@pytest.mark.slow
 def test_no_solution_leaks(handouts, tmp_path):
     for name, (directory, numbers, files) in handouts.items():
         assert leaks(directory, numbers, files) == [], f"handout {name!r}"
@@ -218,6 +221,7 @@ def test_no_solution_leaks(handouts, tmp_path):
     assert len(leaks(tmp_path, [4], ["sampling.py"])) >= 5  # 'handed out' with assignment 4
 
 
+@pytest.mark.slow
 def test_no_structural_copy_of_a_solution(handouts):
     """No renamed or reformatted copy of a blanked body, tests included, and in a student's
     handout none of a hidden reference either (tests/test_assignment_leaks.py)."""
@@ -228,6 +232,7 @@ def test_no_structural_copy_of_a_solution(handouts):
         assert structural_leaks(directory, numbers, files, references) == [], f"handout {name!r}"
 
 
+@pytest.mark.slow
 def test_handout_imports_collects_and_keeps_the_rest(handouts):
     directory = handouts["all"][0]
     for folder, _, files in os.walk(directory):
@@ -284,6 +289,7 @@ def test_a_students_handout_holds_no_hidden_test_and_no_design_answer(handouts, 
     assert "hidden: tests this copy does not have" in table, table
 
 
+@pytest.mark.slow
 def test_the_papers_rule_fails_the_design_with_messages_that_teach(handouts, tmp_path):
     """Assignment 13 answered with the paper's rule (a slot predicts its own position): no leak,
     training and decoding agree, the cache is exact; the short run and the next-token drafter
@@ -321,6 +327,7 @@ def addition_data(handouts):
     return os.path.join(directory, "data", "addition")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["all"] + [f"only {n}" for n in BLANKS])
 def test_main_command_fails_only_with_the_assignment(name, handouts, addition_data, tmp_path):
     directory, numbers, _ = handouts[name]

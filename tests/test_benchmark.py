@@ -235,6 +235,7 @@ def test_a_model_that_knows_the_answers_scores_100_percent(files, tmp_path, caps
     assert all(r["forwards"] < rows[0][1]["forwards"] for _, r in rows[2:])  # whole blocks at once
 
 
+@pytest.mark.slow
 def test_evaluate_py_on_a_jsonl_benchmark(files, tmp_path):
     """The command a GPU owner runs, on a CPU: the table, γ in the checkpoint, report.json; a random
     model answers (almost) nothing right, and the exact rows are its NTP decoding."""

@@ -263,6 +263,7 @@ CALIBRATED = dict(k={"8": dict(gamma_low=0.5, gamma_high=1.5, gamma_exact=1e9)},
                   exact_k=8)
 
 
+@pytest.mark.slow
 def test_sample_script(tmp_path):
     write_checkpoint(tmp_path / "ckpt_sbd.pt", "sbd", CALIBRATED)
     write_checkpoint(tmp_path / "ckpt_ntp.pt", "ntp")
@@ -279,6 +280,7 @@ def test_sample_script(tmp_path):
     assert by_file.returncode == 0 and "NTP: 5 tokens" in by_file.stdout, by_file.stderr
 
 
+@pytest.mark.slow
 def test_sample_script_exact_mode(tmp_path):
     uncalibrated = dict(k={"8": dict(gamma_low=None, gamma_high=None, gamma_exact=1e9)},
                         operating_k=None, exact_k=8)
@@ -301,6 +303,7 @@ def test_sample_script_exact_mode(tmp_path):
     assert wrong_rule.returncode == 2 and "left to right" in wrong_rule.stderr
 
 
+@pytest.mark.slow
 def test_bench_script_runs():
     """bench.py is a benchmark, not a test; this only checks that both modes still run (tiny
     settings)."""

@@ -41,6 +41,7 @@ def test_with_responses_replaces_matched_prompts_only(files, tmp_path):
         task.with_responses(str(path))
 
 
+@pytest.mark.slow
 def test_stage_2_learns_the_ntp_models_own_solutions(files, tmp_path):
     write_llama_dir(tmp_path / "llama", "meta")
     out_dir = tmp_path / "out"

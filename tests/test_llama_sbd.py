@@ -226,6 +226,7 @@ def run(script, *args, timeout=240):
     return out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["meta", "hf"])
 def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     write_llama_dir(tmp_path / layout, layout)
@@ -291,6 +292,7 @@ def test_train_py_gpu_settings(files, tmp_path):
     assert model.output.weight.dtype == torch.bfloat16 and ckpt["config"]["attention"] == "flex"
 
 
+@pytest.mark.slow
 def test_fsdp_and_ddp_agree_on_two_cpu_processes(files, tmp_path):
     """torchrun, 2 CPU processes (gloo): FSDP2 (shards, checkpoints gathered on rank 0) trains
     exactly as DDP."""
@@ -316,6 +318,7 @@ def test_fsdp_and_ddp_agree_on_two_cpu_processes(files, tmp_path):
                for name, w in weights["ddp"].items())
 
 
+@pytest.mark.slow
 def test_fsdp_trains_a_block_adapter_on_two_cpu_processes(files, tmp_path):
     """torchrun, 2 CPU processes (gloo), the 8B config's adapter path shrunk: FSDP2 trains the
     block adapter alone. The SBD checkpoint's base weights are the model as loaded (its mask row
@@ -355,6 +358,7 @@ def test_train_py_rejects_mismatched_settings(files):
 # bench_gpu.py: the CPU smoke test of the GPU benchmark
 
 
+@pytest.mark.slow
 def test_bench_gpu_tiny_preset_on_cpu():
     log = run("-m", "bench.gpu", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64, 128)",
               "--ks=(1, 2, 16, 32)", "--reps=2", "--warmup=1", "--bandwidth=50")

@@ -229,6 +229,7 @@ def test_a_refused_setting_stops_the_loader(tmp_path):
 # SBD on the tiny Qwen-3: training, then cached == uncached and exact == NTP
 
 
+@pytest.mark.slow
 def test_train_py_fine_tunes_a_tiny_qwen3(qwen3_dir, tmp_path):
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
     model, tokenizer = load_pretrained(str(qwen3_dir[0]))

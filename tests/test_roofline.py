@@ -145,6 +145,7 @@ def test_bench_roofline_mode_runs():
     assert "demo GPT 4L/4h/128d" in log and "GPT 2L/2h/64d" in log
 
 
+@pytest.mark.slow
 def test_bench_gpu_prints_the_roofline():
     log = run("-m", "bench.gpu", "--preset=llama-tiny", "--device=cpu", "--kv_lengths=(64,)",
               "--ks=(1, 16, 32)", "--reps=1", "--warmup=0", "--roofline_hardware=h100_bf16")

@@ -34,6 +34,7 @@ def tiny_gguf(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
     out = tmp_path / "run"
     tiny = ["--ntp_iters=3", "--sbd_iters=3", "--batch_size=2", "--sbd_batch_size=2",
@@ -83,6 +84,7 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
         assert expect in bench.stdout, bench.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
     """config/sbd_smollm2_curve.py's run, shrunk: --snapshot_interval keeps the SBD stage's
     weights every n steps, the estimated losses go to eval.jsonl, and report.curve decodes every

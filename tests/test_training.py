@@ -247,6 +247,7 @@ def read_log(out_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_main_command_end_to_end(tmp_path):
     out = str(tmp_path / "out")
     t0 = time.time()
@@ -270,6 +271,7 @@ def test_main_command_end_to_end(tmp_path):
         assert set(json.load(f)["k"]) == {"8", "16"}
 
 
+@pytest.mark.slow
 def test_shifted_complementary_run_end_to_end(tmp_path):
     """token_shift and complementary_masks train, are recorded in the checkpoint, and the report
     decodes with them: its exact rows are still the SBD model's NTP decoding, problem by problem."""
@@ -284,6 +286,7 @@ def test_shifted_complementary_run_end_to_end(tmp_path):
         run.stdout)
 
 
+@pytest.mark.slow
 def test_block_sizes_are_drawn_from_k_min_to_k_max(tmp_path):
     """SBD steps draw k in {k_min..k_max}, every value can come up; NTP steps draw one too (unused),
     and the NTP stage's batches do not depend on the k range, so SBD-stage experiments can share one
@@ -302,6 +305,7 @@ def test_block_sizes_are_drawn_from_k_min_to_k_max(tmp_path):
     assert len(ntp_losses[0]) == 2 and ntp_losses[0] == ntp_losses[1]
 
 
+@pytest.mark.slow
 def test_kl_weight_adds_to_the_sbd_loss_only(tmp_path):
     """kl_weight > 0 adds a non-negative KL term (sbd.causal_kl) to the SBD stage's loss; the NTP
     stage, and the first SBD step's weights and batch, are those of the run without it."""
@@ -343,6 +347,7 @@ def read_estimates(out):
 # before, at and after the NTP -> SBD switch at iteration 4; 4 is also an estimate's iteration
 @pytest.mark.parametrize("halt_after, starts_from", [(3, "ntp"), (4, "ntp"), (4, "init"),
                                                      (5, "init")])
+@pytest.mark.slow
 def test_resume_is_exact(tmp_path, uninterrupted, halt_after, starts_from):
     out, straight_dir = str(tmp_path), uninterrupted(starts_from)
     args = [*RESUME, f"--sbd_starts_from={starts_from}"]
@@ -362,6 +367,7 @@ def test_resume_is_exact(tmp_path, uninterrupted, halt_after, starts_from):
         assert all(torch.equal(resumed[key], straight[key]) for key in straight), name
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_data(tmp_path):
     """A run halted on one version of the data does not go on with another (the version its
     checkpoint recorded)."""
