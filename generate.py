@@ -55,7 +55,7 @@ class DecodeStats:
 
     nfe: list  # decode forwards per row: forwards in which the row still had tokens to produce
     tokens: list  # tokens generated per row, up to and including the first stop token
-    widths: list  # tokens fed per row by each decode forward of the batch (bench.py times them)
+    widths: list  # tokens fed per row by each decode forward of the batch (bench/ times them)
     prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0: 1-token prompt)
     prefill_time: float  # seconds of the prefill
     wall_time: float  # seconds of the whole decode, prefill included

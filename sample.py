@@ -8,7 +8,7 @@ Sample from a trained model: Set Block Decoding (SBD) and next-token decoding (N
     python sample.py --init_from=Meta-Llama-3.1-8B-Instruct --mode=ntp --start="Hi"  # as downloaded
 
 Loads out_dir/ckpt_sbd.pt (--ckpt=ntp: ckpt_ntp.pt, or any .pt file) and decodes with the
-settings its calibration chose (settings.py; k, γ and the rest can be overridden). A prompt is
+settings its calibration chose (sampling.settings_for; k, γ and the rest can be overridden). A prompt is
 shaped the way the model was trained: right-aligned for the addition task, inside the chat template
 for a chat model; --raw=True feeds it as given. Each sample prints the text and one line with the
 tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of the same prompt, both

@@ -305,7 +305,7 @@ def test_sample_script_exact_mode(tmp_path):
 
 @pytest.mark.slow
 def test_bench_script_runs():
-    """bench.py is a benchmark, not a test; this only checks that both modes still run (tiny
+    """bench/ is a benchmark, not a test; this only checks that both modes still run (tiny
     settings)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tiny = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=128", "--threads=1"]

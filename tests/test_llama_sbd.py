@@ -2,9 +2,9 @@
 and HF's layouts, a tiny tokenizer.model (the 256 single bytes, so the special tokens are ids
 256..511) and a tiny JSONL file: JSONL rows, flex_attention == dense SDPA, activation checkpointing,
 train.py SBD steps through the 8B config (and a resume), FSDP == DDP on two CPU processes,
-sample.py, the mask token never sampled, bench_gpu.py's CPU preset. Two tests need CUDA (compiled
+sample.py, the mask token never sampled, bench/gpu.py's CPU preset. Two tests need CUDA (compiled
 flex_attention with its backward; the config's GPU settings) and skip here; on a GPU machine run
-this file, then `python bench_gpu.py` (its header says what it measures)."""
+this file, then `python -m bench.gpu` (its header says what it measures)."""
 
 import base64
 import json
@@ -355,7 +355,7 @@ def test_train_py_rejects_mismatched_settings(files):
 
 
 # -----------------------------------------------------------------------------
-# bench_gpu.py: the CPU smoke test of the GPU benchmark
+# bench/gpu.py: the CPU smoke test of the GPU benchmark
 
 
 @pytest.mark.slow

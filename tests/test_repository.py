@@ -62,6 +62,44 @@ def test_the_document_check_finds_a_missing_one(tmp_path):
     assert found == [(f"docs/method{md}:1", f"NOTES{md}"), ("a.py:1", f"FINDINGS{md}")]
 
 
+# a path-like reference to a Python file, as DOCUMENT for .md
+SCRIPT = re.compile(r"(?<![\w/.:-])((?:[\w.-]+/)*[\w-]+\.py)\b")
+UPSTREAM = {"convert_hf_to_gguf.py", "convert_llama_weights_to_hf.py"}  # other projects' scripts
+EXAMPLES = {"file.py", "tests/test_x.py"}  # placeholders in the course's instructions
+
+
+def missing_scripts(files, root=ROOT):
+    """[(file:line, reference)] for every .py reference outside tests/ (whose fixtures name files
+    they make) that is no file of the repository: from the root, the referring file's folder, or a
+    bare name of a file somewhere in it ('prepare.py'); other projects' scripts excepted."""
+    names = {os.path.basename(f) for f in files}
+    missing = []
+    for name in files:
+        if not name.endswith(TEXT_FILES) or name.startswith("tests/"):
+            continue
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                for ref in SCRIPT.findall(re.sub(r"https?://\S+", "", line)):
+                    places = [os.path.join(root, ref),
+                              os.path.join(root, os.path.dirname(name), ref)]
+                    known = ref in UPSTREAM | EXAMPLES or "/" not in ref and ref in names
+                    if not (known or any(os.path.exists(p) for p in places)):
+                        missing.append((f"{name}:{line_no}", ref))
+    return missing
+
+
+def test_every_script_referred_to_is_in_the_repository():
+    assert missing_scripts(tracked_files()) == []
+
+
+def test_the_script_check_finds_a_stale_one(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "gpu.py").write_text("")
+    (tmp_path / "a.md").write_text("run bench/gpu.py, not bench_gpu.py or bench/old.py\n")
+    found = missing_scripts(["bench/gpu.py", "a.md"], root=str(tmp_path))
+    assert found == [("a.md:1", "bench_gpu.py"), ("a.md:1", "bench/old.py")]
+
+
 def python_files():
     """The repository's .py files, as paths relative to its root (tests and the course included)."""
     return sorted(f for f in tracked_files() if f.endswith(".py"))

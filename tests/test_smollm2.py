@@ -72,7 +72,7 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
     assert torch.equal(ntp["model"][name], torch.load(again / "ckpt_ntp.pt",
                                                       weights_only=False)["model"][name])
 
-    # bench.py's serving benchmarks take the chat model too (timings not checked: a benchmark)
+    # bench/'s serving benchmarks take the chat model too (timings not checked: a benchmark)
     for what, expect in (("adaptive", "tokens per forward on 2 test problems"),
                          ("batch", "exact SBD at batch 2: output identical to NTP")):
         bench = subprocess.run(

@@ -3,7 +3,7 @@
 tests/data/old_sbd.pt is a 1-layer demo model that commit 6f33a97's train.py wrote, before the
 checkpoint recorded token_shift (150 NTP + 150 SBD steps: config/sbd_small.py with --n_layer=1
 --n_embd=32 --n_head=2 --ntp_iters=150 --sbd_iters=150 --batch_size=16 --sbd_batch_size=16
---warmup_iters=10 --report=False). This script decoded it at that commit; test_old_checkpoint.py
+--warmup_iters=10 --report=False). This script decoded it at that commit; tests/test_token_shift.py
 decodes it again with today's code and must get the same tokens.
 
     python tests/data/record_checkpoint_outputs.py   # only to re-pin after a deliberate change
