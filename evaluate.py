@@ -211,11 +211,11 @@ OPTIONS = dict(
     exact_gammas=(),  # the γ values they try; () = EXACT_GRID
     draft_floors=(0.0,),  # and the min_draft_prob values, with each γ (0: check every draft)
     timing_problems=0,  # test problems decoded one at a time for the wall-clock comparison
-    # a chat model (train.py with a pretrained init_from) on a JSONL benchmark (pretrained/loading.py)
+    # a chat model (train.py, pretrained init_from) on a JSONL benchmark (pretrained/loading.py)
     benchmark="",  # test rows {"prompt": ..., "answer": ...}; '' = the small demo of out_dir
     val_benchmark="",  # γ is calibrated on val_problems rows of this file ('' = of benchmark)
     val_problems=200,  # (without val_benchmark, at most half the benchmark; the rest is test)
-    baseline="",  # the NTP baseline: a directory, .gguf or .pt; '' = the run's own (pretrained/loading.py)
+    baseline="",  # the NTP baseline: a directory, .gguf or .pt; '' = the run's own (load_run)
     as_loaded=True,  # a row for the pretrained model the run started from, decoded as loaded
     answer_marker="",  # grade the number after the last '####' or in the last '\boxed{...}'
     numeric=True,  # answers are numbers compared by value ('1,234' == '1234'); False: text

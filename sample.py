@@ -8,12 +8,12 @@ Sample from a trained model: Set Block Decoding (SBD) and next-token decoding (N
     python sample.py --init_from=Meta-Llama-3.1-8B-Instruct --mode=ntp --start="Hi"  # as downloaded
 
 Loads out_dir/ckpt_sbd.pt (--ckpt=ntp: ckpt_ntp.pt, or any .pt file) and decodes with the
-settings its calibration chose (sampling.settings_for; k, γ and the rest can be overridden). A prompt is
-shaped the way the model was trained: right-aligned for the addition task, inside the chat template
-for a chat model; --raw=True feeds it as given. Each sample prints the text and one line with the
-tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of the same prompt, both
-through the KV cache and both after a prefill of the prompt that is not counted, and each decode's
-tokens/s after the prefill.
+settings its calibration chose (sampling.settings_for; k, γ and the rest can be overridden). A
+prompt is shaped the way the model was trained: right-aligned for the addition task, inside the
+chat template for a chat model; --raw=True feeds it as given. Each sample prints the text and one
+line with the tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of the same
+prompt, both through the KV cache and both after a prefill of the prompt that is not counted, and
+each decode's tokens/s after the prefill.
 
 Fast decoding (docs/fast_decoding.md): the weights are laid out once for decoding
 (pretrained/decode_layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's

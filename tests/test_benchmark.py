@@ -1,4 +1,5 @@
-"""JSONL benchmarks for an SBD-tuned Llama (tasks.BenchmarkTask, pretrained/loading.py, evaluate.report):
+"""JSONL benchmarks for an SBD-tuned Llama (tasks.BenchmarkTask, pretrained/loading.py,
+evaluate.report):
 answer extraction on hand-written cases, clear errors for malformed files, the val/test split,
 left-padded batches == decoding each prompt alone, and evaluate.py end to end on a tiny random Llama
 (Meta layout, written here with a byte-level tokenizer.model: the special tokens are ids 256..511)

@@ -1,7 +1,8 @@
 """roofline.py: the `paper` model reproduces the paper's Tables 3-4 cells (docs/method.md) and
 Eq. 16's example; the `llama31_8b` model's flops equal a hand count of Llama-3.1-8B's matmuls and
-its 1-token forward reads the checkpoint's weights; ratios are >= 1 and grow with k; the scripts run
-(bench/roofline.py, python -m bench --what=roofline, bench/gpu.py with a roofline preset), in a tiny setting."""
+its 1-token forward reads the checkpoint's weights; ratios are >= 1 and grow with k; the scripts
+run (bench/roofline.py, python -m bench --what=roofline, bench/gpu.py with a roofline preset), in a
+tiny setting."""
 
 import os
 import subprocess
