@@ -11,6 +11,7 @@ mask embedding that only the block's slots see. Checked against independent defi
 """
 
 import copy
+import math
 import os
 
 import pytest
@@ -22,6 +23,7 @@ from test_exact_serving import (
     statistic,
     tiny_sampling_model,
 )
+from test_fast_decode import q4_1_model
 from test_training import RESUME, TINY, read_log, train
 
 import exact
@@ -227,6 +229,28 @@ def test_int8_layout_keeps_the_adapter():
     settings = DecodeSettings(mask_id=mask_id_of(fast), k=4, gamma=1e9, exact=True)
     ntp, _ = tiny_models.ntp(fast, p, 16, mask_id=mask_id_of(fast))
     assert exact.exact_generate(fast, p, settings, 16)[0] == ntp
+
+
+def test_int4_layout_keeps_the_adapter():
+    """A model on the GGUF Q4_1 grid, every width read from its 4-bit blocks: the adapted layers'
+    deltas still reach the block (other drafts than the base's), and exact SBD decodes the base's
+    NTP on the same layout."""
+    base = q4_1_model("llama-tiny")
+    m = attach_adapter(copy.deepcopy(base), 4, "all", mask_id_of(base))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if is_adapter(name):
+                p.normal_(0.0, 0.5)
+    fast = lay_out_for_decoding(m, torch.float32, "int4", math.inf, four_bit=True)
+    fast_base = lay_out_for_decoding(base, torch.float32, "int4", math.inf, four_bit=True)
+    p = tokens(fast, 2, 5, seed=6)
+    settings = DecodeSettings(mask_id=mask_id_of(fast), k=4, gamma=1e9, exact=True)
+    ntp, _ = tiny_models.ntp(fast_base, p, 16, mask_id=mask_id_of(fast))
+    assert exact.exact_generate(fast, p, settings, 16)[0] == ntp
+    plain = DecodeSettings(mask_id=mask_id_of(fast), k=8, gamma=1e9)
+    assert (generate.sbd_generate(fast, p, plain, 16)[0]
+            != generate.sbd_generate(fast_base, p, plain, 16)[0])
 
 
 # -----------------------------------------------------------------------------
