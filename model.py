@@ -240,7 +240,8 @@ ADAPTER_LAYERS["all"] = ADAPTER_LAYERS["attention"] + ADAPTER_LAYERS["mlp"]
 
 class BlockAdapter(nn.Module):
     """The block adapter's own parameters besides the deltas: an input embedding for the mask
-    token, used at the block's slots in place of the base model's row."""
+    token, used at the block's slots in place of the base model's row (from which it starts, as
+    it was when attached)."""
 
     def __init__(self, mask_embedding, mask_id, rank, layers):
         super().__init__()
@@ -757,7 +758,7 @@ def save_checkpoint(checkpoint, path):
 def model_from_checkpoint(checkpoint, device):
     """Rebuild the model of a train.py checkpoint ({'model_family', 'model_args', 'model'}, and
     'adapter' {rank, layers, mask_id} for a block adapter's)."""
-    family, args, adapter = checkpoint["model_family"], checkpoint["model_args"], None
+    family, args = checkpoint["model_family"], checkpoint["model_args"]
     state = {k.removeprefix("_orig_mod.").removeprefix("module."): v
              for k, v in checkpoint["model"].items()}
     adapter = checkpoint.get("adapter")  # absent: the paper's full fine-tune (or NTP)

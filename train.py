@@ -149,6 +149,9 @@ if adapter_rank < 0 or adapter_rank and (sbd_iters == 0 or sbd_starts_from == "i
     raise ConfigError(f"adapter_rank={adapter_rank}: a block adapter (rank >= 1) trains in the SBD "
                       "stage on top of the NTP model: it needs sbd_iters > 0 and "
                       "sbd_starts_from='ntp'; adapter_rank=0 fine-tunes every weight")
+if adapter_rank and kl_weight:
+    raise ConfigError("kl_weight trains the shared weights toward the causal head; a block "
+                      "adapter leaves them frozen: use one or the other")
 if adapter_only and not (adapter_rank and ntp_iters):
     raise ConfigError("adapter_only saves a block adapter apart from its base, ckpt_ntp.pt: it "
                       "needs adapter_rank >= 1 and ntp_iters > 0")
@@ -305,6 +308,12 @@ if checkpoint is not None:
         raise ConfigError(f"{resume_path} was made with model {checkpoint['model_args']}, this "
                           f"config asks for {model_args}; use the run's original config")
     check_same_data(checkpoint, task, resume_path)
+    recorded = checkpoint.get("adapter")  # the block adapter the run trains, if any
+    if (recorded or {}).get("rank", 0) != adapter_rank or recorded and (
+            recorded["layers"] != adapter_layers):
+        raise ConfigError(f"{resume_path} was made with adapter {recorded}, this config asks for "
+                          f"adapter_rank={adapter_rank}, adapter_layers={adapter_layers!r}; use "
+                          "the run's original config")
     model.load_state_dict(checkpoint["model"])
     iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
     estimated_at = iter_num if checkpoint.get("estimated") else 0  # logged before it was saved
@@ -409,10 +418,11 @@ def sbd_checkpoint():
     """ckpt_sbd.pt: the whole model, or with adapter_only the adapter and its base's name and
     fingerprint (load_checkpoint refuses it on other base weights)."""
     checkpoint = stage_checkpoint()
-    if adapter_only and master:
-        base, adapter = sbd.split_adapter(checkpoint["model"])
-        checkpoint.update(model=adapter, base=dict(file="ckpt_ntp.pt",
-                                                   fingerprint=fingerprint(base)))
+    if adapter_only and master:  # the base as written, the tensors load_checkpoint will hash
+        base = torch.load(os.path.join(out_dir, "ckpt_ntp.pt"), map_location="cpu", mmap=True,
+                          weights_only=False)["model"]
+        checkpoint.update(model=sbd.split_adapter(checkpoint["model"])[1],
+                          base=dict(file="ckpt_ntp.pt", fingerprint=fingerprint(base)))
     return checkpoint
 
 

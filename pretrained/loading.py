@@ -48,9 +48,9 @@ def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
     path = pretrained_path(path)
     if str(path).endswith(".pt"):  # a train.py checkpoint of a Llama-family model: fine-tune on
         model, checkpoint = load_checkpoint(path, device)
-        if checkpoint["model_family"] != "llama" or "adapter" in checkpoint:
-            raise ConfigError(f"{path}: init_from takes a Llama-family model's checkpoint "
-                              "without a block adapter (e.g. a run's ckpt_ntp.pt)")
+        if checkpoint["model_family"] != "llama" or checkpoint["stage"] != "ntp":
+            raise ConfigError(f"{path}: init_from takes a Llama-family model's NTP checkpoint "
+                              "(a run's ckpt_ntp.pt): its mask row is set afresh")
         tokenizer = tokenizer_of(checkpoint["tokenizer"])
         return model.to(dtype or model.output.weight.dtype).eval(), tokenizer
     if str(path).endswith(".gguf"):

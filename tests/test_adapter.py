@@ -316,6 +316,7 @@ ADAPTER = ["--adapter_rank=4", "--sbd_starts_from=ntp"]
     (["--adapter_rank=-1"], "adapter_rank=-1"),
     (["--adapter_rank=4", "--sbd_starts_from=init"], "sbd_starts_from"),
     (["--adapter_only=True"], "adapter_only"),
+    ([*ADAPTER, "--kl_weight=0.5"], "kl_weight"),
 ])
 def test_train_refuses_an_adapter_without_an_sbd_stage(args, message, tmp_path):
     run = train(f"--out_dir={tmp_path}", *TINY, *args)
@@ -363,6 +364,8 @@ def test_resume_with_an_adapter_is_exact(tmp_path, halt_after):
     second = train(f"--out_dir={halted}", *args, "--init_from=resume")
     assert second.returncode == 0, second.stderr[-3000:]
     assert read_log(halted) == read_log(straight)
+    other = train(f"--out_dir={halted}", *args, "--init_from=resume", "--adapter_rank=8")
+    assert other.returncode != 0 and "use the run's original config" in other.stderr
     for name in ("ckpt_ntp.pt", "ckpt_sbd.pt"):
         resumed = torch.load(f"{halted}/{name}", weights_only=False)["model"]
         expected = torch.load(f"{straight}/{name}", weights_only=False)["model"]
