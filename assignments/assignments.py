@@ -189,7 +189,7 @@ ASSIGNMENTS = [
         number=13, title="Design: token shift", kind="design", points=15,
         builds_on=[1, 2, 3, 4, 5], writeup="13_token_shift.md",
         functions=["sbd.py:shift_read_at", "sbd.py:shift_labels"],
-        withheld=["README.md#Token shift and complementary masks",
+        withheld=["README.md#Token shift",
                   "docs/method.md#Token shift: the masked-token head starts as the next-token head "
                   "(not in the paper)",
                   "docs/findings.md#Token shift and complementary masks: a 200-step screen"],
