@@ -251,8 +251,6 @@ class BlockAdapter(nn.Module):
     def embed(self, x, idx, gate):
         """x (B, T, C) the base embeddings of idx (B, T): the mask token's, at gated slots,
         replaced by the adapter's."""
-        if gate is None:
-            return x
         swap = gate & (idx == self.mask_id)  # (B, T)
         return torch.where(swap[..., None], self.mask_embedding.to(x.dtype), x)
 

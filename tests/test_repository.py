@@ -32,21 +32,27 @@ def tracked_files():
     return [f for f in out.splitlines() if os.path.exists(os.path.join(ROOT, f))]
 
 
-def missing_documents(files, root=ROOT):
-    """[(file:line, reference)] for every .md reference that resolves to no file of the repository,
-    neither from the repository's root nor from the referring file's folder."""
+def unresolved(files, pattern, root=ROOT, known=lambda ref: False):
+    """[(file:line, reference)] for every match of pattern in the text files that resolves to no
+    file of the repository, neither from its root nor from the referring file's folder, and that
+    known(reference) does not excuse."""
     missing = []
     for name in files:
         if not name.endswith(TEXT_FILES):
             continue
         with open(os.path.join(root, name), encoding="utf-8") as f:
             for line_no, line in enumerate(f, 1):
-                for ref in DOCUMENT.findall(re.sub(r"https?://\S+", "", line)):
+                for ref in pattern.findall(re.sub(r"https?://\S+", "", line)):
                     places = [os.path.join(root, ref),
                               os.path.join(root, os.path.dirname(name), ref)]
-                    if not any(os.path.exists(p) for p in places):
+                    if not (known(ref) or any(os.path.exists(p) for p in places)):
                         missing.append((f"{name}:{line_no}", ref))
     return missing
+
+
+def missing_documents(files, root=ROOT):
+    """unresolved .md references."""
+    return unresolved(files, DOCUMENT, root)
 
 
 def test_every_document_referred_to_is_in_the_repository():
@@ -69,23 +75,11 @@ EXAMPLES = {"file.py", "tests/test_x.py"}  # placeholders in the course's instru
 
 
 def missing_scripts(files, root=ROOT):
-    """[(file:line, reference)] for every .py reference outside tests/ (whose fixtures name files
-    they make) that is no file of the repository: from the root, the referring file's folder, or a
-    bare name of a file somewhere in it ('prepare.py'); other projects' scripts excepted."""
+    """unresolved .py references outside tests/ (whose fixtures name files they make); a bare name
+    of a file somewhere in the repository ('prepare.py') and other projects' scripts resolve."""
     names = {os.path.basename(f) for f in files}
-    missing = []
-    for name in files:
-        if not name.endswith(TEXT_FILES) or name.startswith("tests/"):
-            continue
-        with open(os.path.join(root, name), encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                for ref in SCRIPT.findall(re.sub(r"https?://\S+", "", line)):
-                    places = [os.path.join(root, ref),
-                              os.path.join(root, os.path.dirname(name), ref)]
-                    known = ref in UPSTREAM | EXAMPLES or "/" not in ref and ref in names
-                    if not (known or any(os.path.exists(p) for p in places)):
-                        missing.append((f"{name}:{line_no}", ref))
-    return missing
+    known = lambda ref: ref in UPSTREAM | EXAMPLES or "/" not in ref and ref in names
+    return unresolved([f for f in files if not f.startswith("tests/")], SCRIPT, root, known)
 
 
 def test_every_script_referred_to_is_in_the_repository():
