@@ -428,6 +428,9 @@ def lockstep_forward(model, cache, rows):
 
 def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None, record_steps=False):
     """Decode prompts as the settings say -> (token lists, DecodeStats): NTP with ntp=True (the
-    baseline, with the settings' stop and mask tokens and sampling), else exact or plain SBD."""
-    run = ntp_generate if ntp else exact_generate if settings.exact else sbd_generate
+    baseline, with the settings' stop and mask tokens and sampling; it records no steps), else
+    exact or plain SBD."""
+    if ntp:
+        return ntp_generate(model, prompt, settings, max_new_tokens, generator)
+    run = exact_generate if settings.exact else sbd_generate
     return run(model, prompt, settings, max_new_tokens, generator, record_steps)

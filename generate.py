@@ -241,16 +241,15 @@ def finish(out, stop, nfe, widths, prefill_info, t0, steps=None):
 
 
 @torch.inference_mode()
-def ntp_generate(model, prompt, settings, max_new_tokens, generator=None, record_steps=False):
+def ntp_generate(model, prompt, settings, max_new_tokens, generator=None):
     """Plain next-token decoding through the KV cache: one forward per generated token.
 
     prompt (B, T0), rows of equal length. After the prefill, each forward feeds the pending tokens
     (B, 1) and yields the next ones, so NFE = tokens generated. From the settings NTP uses the stop
     tokens, the mask token (never emitted; None: no mask token) and the sampling (temperature,
     top_k, top_p); k, γ and the rule are SBD's. A row is done at its first stop token; the batch
-    stops when every row is done or after max_new_tokens. record_steps is accepted for a common
-    signature and records nothing. Returns (tokens, stats): tokens[b] = row b's new ids up to its
-    first stop token.
+    stops when every row is done or after max_new_tokens. Returns (tokens, stats): tokens[b] = row
+    b's new ids up to its first stop token.
     """
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()

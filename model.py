@@ -301,8 +301,6 @@ class GPTConfig:
 
 
 GPT_PRESETS = {
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
     "gpt-tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=64),  # for tests
 }
 

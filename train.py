@@ -81,13 +81,11 @@ k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findin
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 token_shift = False  # block slots keep the pretrained next-token alignment (sbd.read_at)
 complementary_masks = False  # two noisy copies per row, masks m and not-m (sbd.sbd_inputs)
-kl_weight = 0.0  # weight of a KL term to the causal head's distribution (sbd.causal_kl); 0 = off
 adapter_rank = 0  # 0: stage 2 fine-tunes every weight (the paper). r > 0: it freezes the NTP model
 # and trains a block adapter of rank r that only the block's slots see (model.attach_adapter), so
 # the SBD model's next-token path is the NTP model's exactly; its loss is the masked-token term
 adapter_layers = "all"  # the block linear layers that carry the delta: 'all', 'attention', 'mlp'
 adapter_only = False  # ckpt_sbd.pt holds the adapter alone; decoding reads its base, ckpt_ntp.pt
-sbd_responses = ""  # a .jsonl of other responses stage 2 learns (its own: report/distill.py)
 loss_on_answer_only = True  # both losses and the noise on the completion only, as in SFT
 block_phase = "answer"  # noisy blocks start at: 'answer' (where decoding starts), 'random', 'zero'
 head_at_labels = False  # logits only at labelled slots, both stages (a large vocabulary's head)
@@ -125,8 +123,6 @@ if pretrained:
 if dataset.endswith(".jsonl") and init_from == "scratch":
     raise ConfigError(f"dataset={dataset!r}: a .jsonl dataset fine-tunes a Llama-family model; "
                       "set init_from to its directory, a .gguf file or 'smollm2'")
-if sbd_responses and init_from == "scratch":
-    raise ConfigError("sbd_responses replaces the responses of a chat dataset (a Llama's)")
 if sbd_starts_from not in ("ntp", "init"):
     raise ConfigError(f"sbd_starts_from must be 'ntp' or 'init', got {sbd_starts_from!r}")
 if attention not in ("sdpa", "flex"):
@@ -140,18 +136,15 @@ if batch_size < 1 or sbd_batch_size < 0 or gradient_accumulation_steps < 1:
 sbd_batch_size = sbd_batch_size or batch_size  # resolved once (the saved config keeps the input)
 if block_phase not in ("answer", "random", "zero"):
     raise ConfigError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
-if min(ntp_weight, kl_weight, ntp_iters, sbd_iters) < 0:
-    raise ConfigError("ntp_weight, kl_weight, ntp_iters and sbd_iters must be >= 0")
-if (token_shift or complementary_masks) and (sbd_iters == 0 or kl_weight):
+if min(ntp_weight, ntp_iters, sbd_iters) < 0:
+    raise ConfigError("ntp_weight, ntp_iters and sbd_iters must be >= 0")
+if (token_shift or complementary_masks) and sbd_iters == 0:
     raise ConfigError("token_shift and complementary_masks set how SBD trains: they need "
-                      "sbd_iters > 0 and kl_weight=0 (kl_weight pairs slots by the paper's rule)")
+                      "sbd_iters > 0")
 if adapter_rank < 0 or adapter_rank and (sbd_iters == 0 or sbd_starts_from == "init" and ntp_iters):
     raise ConfigError(f"adapter_rank={adapter_rank}: a block adapter (rank >= 1) trains in the SBD "
                       "stage on top of the NTP model: it needs sbd_iters > 0 and "
                       "sbd_starts_from='ntp'; adapter_rank=0 fine-tunes every weight")
-if adapter_rank and kl_weight:
-    raise ConfigError("kl_weight trains the shared weights toward the causal head; a block "
-                      "adapter leaves them frozen: use one or the other")
 if adapter_only and not (adapter_rank and ntp_iters):
     raise ConfigError("adapter_only saves a block adapter apart from its base, ckpt_ntp.pt: it "
                       "needs adapter_rank >= 1 and ntp_iters > 0")
@@ -216,9 +209,6 @@ elif llama:
 # data: fixed-length rows; `answer` marks each row's completion (what the model must write)
 task = JsonlTask(dataset, tokenizer, seq_len) if llama else CharTask(dataset)
 data = {split: task.training_tensors(split, loss_on_answer_only) for split in ("train", "val")}
-if sbd_responses:  # stage 2 learns these responses to the same prompts, row for row
-    data["responses"] = task.with_responses(sbd_responses).training_tensors(
-        "train", loss_on_answer_only)
 L = task.seq_len
 
 
@@ -226,9 +216,6 @@ def get_batch(split, generator, rows):
     x, y, answer = data[split]
     ix = torch.randint(len(x), (rows,), generator=generator)
     x, y, answer = x[ix], y[ix], answer[ix]
-    if split == "responses" and not answer.any(1).all():
-        raise ConfigError(f"stage 2 drew a training prompt that {sbd_responses} does not "
-                          "answer: report/distill.py makes it per run (under torchrun: --rows=all)")
     if llama:  # chat rows end in padding: cut the columns that are padding in every row. Nothing
         # earlier attends to them and they carry no label, so the loss is the same, for less work
         used = ((y != IGNORE_INDEX) | answer).any(0).nonzero()  # a label, or a token to mask
@@ -256,10 +243,7 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
                                 idx, pos, mask, labels, L, at)
     logits, _ = model(idx, pos=pos, mask=mask, at=at, block_start=L)  # (B, T, V) or (N, V)
     # with an adapter the clean half is the frozen NTP model: its term would teach nothing
-    loss, ntp, masked = sbd.sbd_loss(logits, labels, L, 0.0 if adapter_rank else ntp_weight)
-    if kl_weight:  # the causal head's distributions as soft targets
-        loss = loss + kl_weight * sbd.causal_kl(logits, labels, L, k, phases)
-    return loss, ntp, masked
+    return sbd.sbd_loss(logits, labels, L, 0.0 if adapter_rank else ntp_weight)
 
 
 # model: a small GPT from scratch, or a pretrained Llama (fp32 master weights under FSDP)
@@ -490,13 +474,12 @@ while iter_num < total_iters:
     rng = step_generator(seed, rank, iter_num)
     torch.manual_seed(hash((seed, rank, iter_num, 1)) % 2**63)
     rows = batch_size if stage == "ntp" else sbd_batch_size
-    split = "responses" if stage == "sbd" and sbd_responses else "train"  # estimates: dataset's
     k = k_min + int(torch.randint(0, k_max - k_min + 1, (1,), generator=rng))  # one k per step
     for micro_step in range(gradient_accumulation_steps):
         if ddp and not fsdp:  # synchronise gradients on the last micro-step only
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         with autocast:
-            loss, ntp_loss, masked_loss = forward_loss(model, stage, *get_batch(split, rng, rows),
+            loss, ntp_loss, masked_loss = forward_loss(model, stage, *get_batch("train", rng, rows),
                                                        k, rng, complementary_masks)
         scaler.scale(loss / gradient_accumulation_steps).backward()
     if grad_clip > 0:

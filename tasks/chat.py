@@ -3,7 +3,6 @@ Instruction data for fine-tuning a chat model: prompt/response pairs in a local 
 the one JSONL reader and chat-prompt builder that benchmarks and sample.py share.
 """
 
-import copy
 import json
 import os
 
@@ -93,19 +92,6 @@ class JsonlTask:
             raise ConfigError(f"{dataset}: no training pairs (a .jsonl needs at least two)")
         self.data_version = data_version(paths)
 
-    def with_responses(self, path):
-        """This task with other responses to its training prompts, e.g. a model's own solutions
-        (report/distill.py): the pairs of a JSONL file, matched by prompt. A training prompt the
-        file does not answer keeps a row with no response (train.py refuses to draw it)."""
-        rows = read_jsonl(path, ("prompt", "response"), "responses")
-        answers = {row["prompt"]: row["response"] for _, row in rows}
-        other = copy.copy(self)
-        train = [(prompt, answers.get(prompt)) for prompt, _ in self.splits["train"]]
-        other.splits = dict(self.splits, train=train)
-        if all(r is None for _, r in other.splits["train"]):
-            raise ConfigError(f"{path}: none of its prompts is a training prompt of {self.name}")
-        return other
-
     @property
     def max_new_tokens(self):
         """Decoding budget for a prompt of these pairs: a whole training row."""
@@ -144,8 +130,7 @@ class JsonlTask:
         rows, is_response, is_fill, n_cut = [], [], [], 0
         for prompt, response in self.splits[split]:
             p = self.encode_prompt(prompt)
-            # a pair without a response (with_responses) keeps its row: nothing to learn in it
-            ids = p if response is None else p + self.encode(response.strip()) + [self.stop_id]
+            ids = p + self.encode(response.strip()) + [self.stop_id]
             n_cut += len(ids) > self.seq_len + 1
             if not self.has_row(p):  # no room for a single response token among the inputs
                 continue

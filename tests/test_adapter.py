@@ -316,7 +316,6 @@ ADAPTER = ["--adapter_rank=4", "--sbd_starts_from=ntp"]
     (["--adapter_rank=-1"], "adapter_rank=-1"),
     (["--adapter_rank=4", "--sbd_starts_from=init"], "sbd_starts_from"),
     (["--adapter_only=True"], "adapter_only"),
-    ([*ADAPTER, "--kl_weight=0.5"], "kl_weight"),
 ])
 def test_train_refuses_an_adapter_without_an_sbd_stage(args, message, tmp_path):
     run = train(f"--out_dir={tmp_path}", *TINY, *args)

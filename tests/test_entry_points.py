@@ -18,7 +18,6 @@ CASES = [
     (["train.py", "--complementary_masks=True", "--sbd_iters=0"], "need sbd_iters > 0"),
     (["train.py", "--token_shift=True", "--k_min=1"], "use k_min >= 2"),
     (["train.py", "--token_shift=True", "--ntp_weight=0"], "keep the NTP term"),
-    (["train.py", "--token_shift=True", "--kl_weight=1"], "kl_weight pairs slots by"),
     (["sample.py", "--out_dir=/nonexistent"], "no checkpoint at /nonexistent"),
     (["sample.py", "--gamma=oops"], "must be float"),
     (["sample.py", "--device=mps:1"], "not available"),
