@@ -7,9 +7,11 @@ One forward over [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}], position ids reu
 clean half is ordinary next-token prediction (NTP); the noisy half learns to fill the masked tokens
 of a block of k from the clean tokens before the block and the block's unmasked tokens. One
 cross-entropy over both halves is the loss (the paper's Eq. 14; docs/method.md, Training).
-Which block slot predicts which block position is one rule, read_at, that training labels and every
-decoder share: the paper's (a slot predicts its own token) or token shift's, which keeps the
-pretrained model's next-token alignment (docs/method.md, Token shift).
+The paper's training comes first: the layout, the masks, noise, labels and Eq. 14. Two variants
+follow. Which block slot predicts which block position is one rule, read_at, that training labels
+and every decoder share: the paper's (a slot predicts its own token) or token shift's, which keeps
+the pretrained model's next-token alignment (docs/method.md, Token shift). The block adapter trains
+a delta that only the block's slots see, the base frozen (docs/method.md, Block adapter).
 Decoding with the trained model lives in generate.py (NTP and SBD) and exact.py (exact SBD).
 
 Index convention: 0-based throughout; the paper's x_1..x_L is x[0]..x[L-1] here.
@@ -20,46 +22,6 @@ import torch
 from torch.nn import functional as F
 
 from model import IGNORE_INDEX, block_mask, causal_mask, cross_entropy, in_block
-
-# -----------------------------------------------------------------------------
-# the alignment: which block slot predicts which block position (decoding reads it, training
-# labels its twin)
-
-
-def read_at(j, token_shift):
-    """Block slot whose logits predict block position j (j = 0..k-1 within the block; an int or a
-    long tensor, the result alike): the paper's rule, a slot predicts the token at its own
-    position, or token shift's (shift_read_at). A slot outside 0..k-1: no slot of the block
-    predicts position j."""
-    return shift_read_at(j) if token_shift else j
-
-
-def shift_read_at(j):
-    """read_at under token shift: the block slot whose logits predict block position j (an int or
-    a long tensor of positions 0..k-1, the result alike).
-
-    The goal: the masked-token head reuses the alignment that every slot of the pretrained causal
-    model already has, so that fine-tuning starts from what the model knows. Decoders read block
-    position j at this slot (block_predictions, exact.py), and shift_labels must train this slot
-    for it. A result outside 0..k-1 says that no slot of the block predicts position j; a decoder
-    then has nothing to read it from unless it is position 0, which decoders with the NTP term
-    take from the causal logits before the block (first_from_ntp: DecodeSettings requires it under
-    token shift, train.py requires the NTP term and blocks of at least 2).
-    """
-    return j - 1
-
-
-def block_predictions(block_logits, token_shift):
-    """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1: position j's row is
-    slot read_at(j)'s. A position that no slot of the block predicts gets the nearest slot's row,
-    which must never be read (block position 0 is revealed from the causal logits before any reveal
-    rule runs: generate.reveal_first)."""
-    if not token_shift:
-        return block_logits
-    W = block_logits.size(1)
-    slots = read_at(torch.arange(W, device=block_logits.device), True)
-    return block_logits[:, slots.clamp(0, W - 1)]  # (B, W, V)
-
 
 # -----------------------------------------------------------------------------
 # the training sequence: [clean 0..L-1 ; noisy copy 1 of s..L-1 ; noisy copy 2 ...]
@@ -234,27 +196,6 @@ def noisy_labels(x, is_masked, k, phases, token_shift=False):
     return torch.where(is_masked, x, IGNORE_INDEX)
 
 
-def shift_labels(x, is_masked, k, phases):
-    """noisy_labels under token shift: x (B, L), is_masked (B, L) bool, blocks of k from phases
-    (B,) as in sbd_training_mask -> (B, L) labels of a noisy copy, by the position each slot stands
-    for (IGNORE_INDEX: no label).
-
-    Which slot learns which token, and when, follows from the alignment: the slot that decoding
-    reads for a block position (shift_read_at) must learn that position's token, and no labelled
-    slot may see its own target through the training mask (its own input, the other slots of its
-    block, the clean tokens before its block).
-    """
-    B, L = x.shape
-    p = torch.arange(L, device=x.device).expand(B, L)  # (B, L): the position a label is of
-    start = block_id(p, k, phases[:, None]) * k + phases[:, None]  # (B, L): its block's start
-    slot = start + shift_read_at(p - start)  # (B, L): the slot decoding reads it at
-    learnt = is_masked & (slot >= start.clamp(min=0))  # masked, read in its block (and sequence)
-    rows = torch.arange(B, device=x.device)[:, None].expand(B, L)  # (B, L)
-    labels = torch.full_like(x, IGNORE_INDEX)
-    labels[rows[learnt], slot[learnt]] = x[learnt]
-    return labels
-
-
 def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=False,
                noisy_start=None, token_shift=False, complementary=False):
     """The SBD training forward's tokens, positions, mask and labels for clean x (B, L) with NTP
@@ -322,6 +263,71 @@ def sbd_loss(logits, labels, L, ntp_weight=1.0):
     ntp = (nll[:, :L] * labelled[:, :L]).sum() / labelled[:, :L].sum().clamp(min=1)
     masked = (nll[:, L:] * labelled[:, L:]).sum() / labelled[:, L:].sum().clamp(min=1)
     return loss, ntp.detach(), masked.detach()
+
+
+# -----------------------------------------------------------------------------
+# the alignment: which block slot predicts which block position, the paper's rule or its variant
+# token shift's (decoding reads it, training labels its twin)
+
+
+def read_at(j, token_shift):
+    """Block slot whose logits predict block position j (j = 0..k-1 within the block; an int or a
+    long tensor, the result alike): the paper's rule, a slot predicts the token at its own
+    position, or token shift's (shift_read_at). A slot outside 0..k-1: no slot of the block
+    predicts position j."""
+    return shift_read_at(j) if token_shift else j
+
+
+def shift_read_at(j):
+    """read_at under token shift: the block slot whose logits predict block position j (an int or
+    a long tensor of positions 0..k-1, the result alike).
+
+    The goal: the masked-token head reuses the alignment that every slot of the pretrained causal
+    model already has, so that fine-tuning starts from what the model knows. Decoders read block
+    position j at this slot (block_predictions, exact.py), and shift_labels must train this slot
+    for it. A result outside 0..k-1 says that no slot of the block predicts position j; a decoder
+    then has nothing to read it from unless it is position 0, which decoders with the NTP term
+    take from the causal logits before the block (first_from_ntp: DecodeSettings requires it under
+    token shift, train.py requires the NTP term and blocks of at least 2).
+    """
+    return j - 1
+
+
+def block_predictions(block_logits, token_shift):
+    """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1: position j's row is
+    slot read_at(j)'s. A position that no slot of the block predicts gets the nearest slot's row,
+    which must never be read (block position 0 is revealed from the causal logits before any reveal
+    rule runs: generate.reveal_first)."""
+    if not token_shift:
+        return block_logits
+    W = block_logits.size(1)
+    slots = read_at(torch.arange(W, device=block_logits.device), True)
+    return block_logits[:, slots.clamp(0, W - 1)]  # (B, W, V)
+
+
+def shift_labels(x, is_masked, k, phases):
+    """noisy_labels under token shift: x (B, L), is_masked (B, L) bool, blocks of k from phases
+    (B,) as in sbd_training_mask -> (B, L) labels of a noisy copy, by the position each slot stands
+    for (IGNORE_INDEX: no label).
+
+    Which slot learns which token, and when, follows from the alignment: the slot that decoding
+    reads for a block position (shift_read_at) must learn that position's token, and no labelled
+    slot may see its own target through the training mask (its own input, the other slots of its
+    block, the clean tokens before its block).
+    """
+    B, L = x.shape
+    p = torch.arange(L, device=x.device).expand(B, L)  # (B, L): the position a label is of
+    start = block_id(p, k, phases[:, None]) * k + phases[:, None]  # (B, L): its block's start
+    slot = start + shift_read_at(p - start)  # (B, L): the slot decoding reads it at
+    learnt = is_masked & (slot >= start.clamp(min=0))  # masked, read in its block (and sequence)
+    rows = torch.arange(B, device=x.device)[:, None].expand(B, L)  # (B, L)
+    labels = torch.full_like(x, IGNORE_INDEX)
+    labels[rows[learnt], slot[learnt]] = x[learnt]
+    return labels
+
+
+# -----------------------------------------------------------------------------
+# a variant, the block adapter: the base frozen, a delta that only the block's slots see
 
 
 def adapter_loss(model, cache, idx, pos, mask, labels, L, at=None):
