@@ -93,7 +93,7 @@ def header(node):
 class Tracer:
     """Runs beneath a script's top-level statements: for each, the repository's functions that
     ran beneath it (and, if count_script, the script's own statements in it that ran), and whether
-    it ran the model (a function of model.py). Also the longest chain of repository functions
+    it ran the model (a forward of model.py). Also the longest chain of repository functions
     from the script's top level to the model."""
 
     def __init__(self, script, count_script):
@@ -115,7 +115,7 @@ class Tracer:
         span = self.spans.function(code)
         if span is None or self.current is None:
             return None
-        if code.co_filename == MODEL_FILE:
+        if code.co_filename == MODEL_FILE and code.co_name == "forward":
             self.reached_model.add(self.current)
             self.depth_to_model = max(self.depth_to_model, self.depth(frame))
         self.ran[self.current].add((code.co_filename, *span))
