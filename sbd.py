@@ -62,9 +62,9 @@ def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
 
     Slots are laid out by slot_layout: noisy slot L + j is the noisy copy of position
     noisy_start + j (see first_noisy_position), and with complementary masks a second copy
-    follows the first. With b(i) the block of noisy position i and s(i) its first position:
+    follows the first. With b(i) the block of noisy position i and start(i) its first position:
       clean query i -> clean key j   iff j <= i                       (causal, plain NTP)
-      noisy query i -> clean key j   iff j < s(i)                     (the prefix before its block)
+      noisy query i -> clean key j   iff j < start(i)                 (the prefix before its block)
       noisy query i -> noisy key j   iff same copy and b(j) == b(i)   (bidirectional in its block)
       clean query   -> noisy key     never                            (NTP must not see noise)
     No noisy copy sees another. The k=4 example, L=8, phase 0 (c = clean, n = noisy, 1 = may
@@ -215,23 +215,24 @@ def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=Fal
     masks = [is_masked]
     if complementary:  # the complement: what m kept, masked now; the prompt stays clean in both
         masks.append(~is_masked if maskable is None else maskable & ~is_masked)
-    s = first_noisy_position(maskable, k, phases) if noisy_start is None else noisy_start
-    return sbd_layout(x, y, mask_id, masks, k, phases, s, token_shift, flex)
+    if noisy_start is None:
+        noisy_start = first_noisy_position(maskable, k, phases)
+    return sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift, flex)
 
 
 def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, flex=False):
     """sbd_inputs for given noise: one noisy copy of x (B, L) per (B, L) bool mask in masks (its
     masked tokens replaced by mask_id), laid out by slot_layout -> idx, pos, mask, labels."""
-    s, L = noisy_start, x.size(1)
-    noisy = [torch.where(masked, mask_id, x)[:, s:] for masked in masks]
+    L, copies = x.size(1), len(masks)
+    noisy = [torch.where(masked, mask_id, x)[:, noisy_start:] for masked in masks]
     idx = torch.cat([x, *noisy], dim=1)  # (B, T)
-    pos = sequence_positions(L, s, len(masks), x.device)  # (T,)
-    labels = torch.cat([y] + [noisy_labels(x, masked, k, phases, token_shift)[:, s:]
+    pos = sequence_positions(L, noisy_start, copies, x.device)  # (T,)
+    labels = torch.cat([y] + [noisy_labels(x, masked, k, phases, token_shift)[:, noisy_start:]
                               for masked in masks], dim=1)  # (B, T)
     if flex:
-        mask = training_block_mask(L, k, phases, s, len(masks))
+        mask = training_block_mask(L, k, phases, noisy_start, copies)
     else:
-        mask = training_mask(L, k, phases, x.device, s, len(masks))
+        mask = training_mask(L, k, phases, x.device, noisy_start, copies)
     return idx, pos, mask, labels
 
 
