@@ -282,7 +282,8 @@ def test_a_students_handout_holds_no_hidden_test_and_no_design_answer(handouts, 
     said = [(f, phrase) for f, text in texts.items() for phrase in GIVEAWAYS if phrase in text]
     assert said == [], "a student's handout states token shift's rule"
     with open(os.path.join(ROOT, "README.md")) as fh:  # the check can fail: the repository says it
-        assert any(phrase in " ".join(fh.read().split()).lower() for phrase in GIVEAWAYS)
+        readme = " ".join(fh.read().split()).lower()
+    assert any(phrase in readme for phrase in GIVEAWAYS)
     results, table = grade(directory, [14], tmp_path)
     hidden = [t for t in results["tests"] if t["name"].endswith("(hidden)")]
     assert len(hidden) == 1 and hidden[0]["output"].startswith("hidden"), table
