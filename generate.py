@@ -1,7 +1,8 @@
 """
-Decoding through the KV cache: next-token decoding (NTP, the baseline) and Set Block Decoding
-(the paper's Algorithms 2-3; docs/method.md, Inference). Exact SBD, which checks every drafted
-token against NTP, builds on these pieces in exact.py.
+Decoding batches through the KV cache: next-token decoding (NTP, the baseline) and Set Block
+Decoding (the paper's Algorithms 2-3; docs/method.md, Inference), eager or compiled. decode.py is
+the same method for one prompt on one screen; exact SBD for batches, which checks every drafted
+token against NTP, builds on these pieces in serving/exact.py.
 
 Both decoders share one convention, so that their forward counts and timings compare like with
 like: prompt[:-1] is prefilled causally into the KV cache (one forward, counted apart as the

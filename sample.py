@@ -15,6 +15,10 @@ line with the tokens, decode forwards (NFE) and wall clock of SBD against NTP de
 prompt, both through the KV cache and both after a prefill of the prompt that is not counted, and
 each decode's tokens/s after the prefill.
 
+The decoders are decode.py's, one function each on one screen. What only serving's decoders do
+takes serving's path (serving.exact.decode, the same tokens): compiled graphs, int8/int4 weights,
+the step view (--show_steps), adaptive blocks and the draft floor.
+
 Fast decoding (docs/fast_decoding.md): the weights are laid out once for decoding
 (pretrained/decode_layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's
 own 4-bit blocks), and --compile=True runs every forward through torch.compile's graphs, one per
@@ -22,18 +26,20 @@ width (the compile time is printed; a second run finds them in inductor's cache)
 what is fastest here (decode_layout.fastest_setup).
 """
 
+import functools
 import os
 import sys
 
 import torch
 
+import decode as reference
 from configurator import ConfigError, configure, pick_device, require, resolve_dtype
-from exact import decode
 from generate import format_steps, warm_up
 from model import load_checkpoint
 from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings, read_calibration, settings_for
+from serving.exact import decode as serving_decode
 from tasks import chat_prompt, task_of_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -146,12 +152,21 @@ if max_new_tokens > room:
     print(f"max_new_tokens {max_new_tokens} -> {room}: the model's context is {model.max_seq_len}")
     max_new_tokens = room
 generator = torch.Generator(device).manual_seed(seed)
+# the decoders: decode.py's, or serving's where a setting needs it (the same tokens)
+if compile or weights != "trained" or show_steps or settings.adaptive or settings.min_draft_prob:
+    decode_sbd = functools.partial(serving_decode, record_steps=show_steps)
+    decode_ntp = functools.partial(serving_decode, ntp=True)
+else:
+    decode_sbd = reference.exact if settings.exact else reference.sbd
+    decode_ntp = reference.ntp
+
 
 # warm both paths up, so that the first sample's wall clock does not pay for lazy setup
 if compile:  # every width now, for the decodes' cache size
     print(f"compile: {warm_up(model, prompt, max_new_tokens, settings):.1f} s")
-for ntp in [] if compile else {"sbd": [False], "ntp": [True], "both": [False, True]}[mode]:
-    decode(model, prompt, settings, 2, ntp=ntp, generator=generator)
+for warm in [] if compile else {"sbd": [decode_sbd], "ntp": [decode_ntp],
+                                "both": [decode_sbd, decode_ntp]}[mode]:
+    warm(model, prompt, settings, 2, generator=generator)
 
 
 def speed(stats):
@@ -164,11 +179,10 @@ name = "exact SBD" if settings.exact else "SBD"
 for i in range(num_samples):
     print(f"---------- sample {i + 1}")
     if mode != "ntp":
-        sbd_out, s = decode(model, prompt, settings, max_new_tokens, generator=generator,
-                            record_steps=show_steps)
+        sbd_out, s = decode_sbd(model, prompt, settings, max_new_tokens, generator=generator)
         print(shown + tokenizer.decode(sbd_out[0]))
     if mode != "sbd":
-        ntp_out, n = decode(model, prompt, settings, max_new_tokens, ntp=True, generator=generator)
+        ntp_out, n = decode_ntp(model, prompt, settings, max_new_tokens, generator=generator)
         if mode == "both" and ntp_out[0] != sbd_out[0]:
             print("NTP decoding of the same prompt gives:")
         if mode == "ntp" or ntp_out[0] != sbd_out[0]:

@@ -29,7 +29,7 @@ class DecodeSettings:
     k: int = 16  # block size
     gamma: float = 0.1  # threshold of the reveal rule: γ of the EB-Sampler, f of the factor rule
     rule: str = "entropy"  # a key of REVEAL_RULES
-    exact: bool = False  # exact SBD (exact.py): drafts checked by NTP, the output is NTP's
+    exact: bool = False  # exact SBD (decode.exact): drafts checked by NTP, the output is NTP's
     adaptive: bool = False  # exact SBD: block size follows accepted drafts, drafted in 1 forward
     min_draft_prob: float = 0.0  # exact SBD: check drafts up to the first one this unsure (0: all)
     first_from_ntp: bool = True  # a block's slot 0 from the causal logits (False: no NTP term)

@@ -12,7 +12,8 @@ follow. Which block slot predicts which block position is one rule, read_at, tha
 and every decoder share: the paper's (a slot predicts its own token) or token shift's, which keeps
 the pretrained model's next-token alignment (docs/method.md, Token shift). The block adapter trains
 a delta that only the block's slots see, the base frozen (docs/method.md, Block adapter).
-Decoding with the trained model lives in generate.py (NTP and SBD) and exact.py (exact SBD).
+Decoding with the trained model lives in decode.py (one prompt: NTP, SBD and exact SBD), generate.py
+(batches of NTP and SBD) and serving/exact.py (exact SBD for batches).
 
 Index convention: 0-based throughout; the paper's x_1..x_L is x[0]..x[L-1] here.
 Mask functions take (q, kv): the query slot and the key slot, broadcast over index tensors.
@@ -285,7 +286,7 @@ def shift_read_at(j):
 
     The goal: the masked-token head reuses the alignment that every slot of the pretrained causal
     model already has, so that fine-tuning starts from what the model knows. Decoders read block
-    position j at this slot (block_predictions, exact.py), and shift_labels must train this slot
+    position j at this slot (block_predictions, decode.py), and shift_labels must train this slot
     for it. A result outside 0..k-1 says that no slot of the block predicts position j; a decoder
     then has nothing to read it from unless it is position 0, which decoders with the NTP term
     take from the causal logits before the block (first_from_ntp: DecodeSettings requires it under

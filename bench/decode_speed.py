@@ -25,9 +25,9 @@ from bench.workload import (
     random_gpt,
     trained_settings,
 )
-from exact import decode
 from generate import ntp_generate
 from sampling import DecodeSettings
+from serving.exact import decode
 from tasks.solve import mode_name, new_tokens
 
 # -----------------------------------------------------------------------------

@@ -20,9 +20,9 @@ import sys
 
 import torch
 
-from exact import decode
 from model import build_model
 from sampling import DecodeSettings
+from serving.exact import decode
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=160, vocab_size=32)
 MASK, STOP = 31, 30

@@ -42,12 +42,12 @@ import torch
 
 from bench.measure import cpu_name, measure_bandwidth, spread
 from configurator import ConfigError, configure, resolve_dtype
-from exact import exact_generate
 from generate import decode_forward, new_cache, ntp_generate, warm_up
 from model import load_checkpoint
 from pretrained.decode_layout import lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, pretrained_path, tokenizer_of
 from sampling import ONE_FORWARD, DecodeSettings, settings_for
+from serving.exact import exact_generate
 from tasks import BenchmarkTask
 
 # -----------------------------------------------------------------------------

@@ -28,12 +28,12 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import exact
 import generate
 import model as model_lib
 from bench.decode_speed import random_workload, trained_workload
 from bench.measure import cpu_name
 from bench.workload import checkpoint_path
+from serving import exact
 
 CATEGORIES = ("model", "cache", "masks", "syncs")
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero"}

@@ -20,9 +20,9 @@ import transformers
 
 sys.path.insert(0, os.getcwd())
 import generate
-from exact import exact_generate
 from pretrained.load_llama import load_llama
 from sampling import DecodeSettings
+from serving.exact import exact_generate
 
 out_dir = sys.argv[1]
 preset = sys.argv[2] if len(sys.argv) > 2 else "1b"

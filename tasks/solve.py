@@ -9,8 +9,8 @@ import time
 import torch
 
 from configurator import ConfigError
-from exact import decode
 from model import causal_mask
+from serving.exact import decode
 
 MIN_NEW_TOKENS = 16  # a prompt must leave one block of k=16 to answer in (or the task's answer)
 
@@ -115,8 +115,8 @@ def decode_batches(model, task, problems, settings, batch_size, ntp=False):
 
 def solve(model, task, problems, settings, ntp=False, batch_size=250):
     """Decode and grade every problem -> dict(accuracy %, forwards, tokens, rejected, seconds,
-    completions, correct: one bool per problem). settings: how to decode (exact.decode; ntp=True:
-    NTP decoding)."""
+    completions, correct: one bool per problem). settings: how to decode (serving.exact.decode;
+    ntp=True: NTP decoding)."""
     completions, forwards, tokens, rejected, n_done = [None] * len(problems), 0, 0, 0, 0
     t0 = last_print = time.perf_counter()
     for indices, out, stats in decode_batches(model, task, problems, settings, batch_size, ntp):

@@ -26,7 +26,6 @@ from test_exact_serving import (
 from test_fast_decode import q4_1_model
 from test_training import RESUME, TINY, read_log, train
 
-import exact
 import generate
 import model as model_lib
 import sbd
@@ -36,6 +35,7 @@ from model import attach_adapter
 from pretrained.decode_layout import lay_out_for_decoding
 from sampling import DecodeSettings, settings_for
 from sbd import freeze_base, is_adapter
+from serving import exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 

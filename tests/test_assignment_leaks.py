@@ -27,7 +27,7 @@ RUN = 16
 SHARED = {  # (blanked body, unit of the handout): why the run they share is not a solution
     ("generate.py:sbd_generate", "generate.py:ntp_generate"):
         "the decoders' common start: check the prompt, make the cache, prefill, the stop ids",
-    ("generate.py:sbd_generate", "exact.py:exact_generate"):
+    ("generate.py:sbd_generate", "serving/exact.py:exact_generate"):
         "the decoders' common start: check the mask id and the prompt, make the cache, prefill",
 }
 

@@ -21,7 +21,7 @@ from test_assignments import (
     writeup,
 )
 
-import exact
+import decode
 import generate
 import model as model_lib
 import sampling
@@ -142,7 +142,7 @@ def answer_5_2():  # Eq. 16, k = 16 in 4 forwards: time(n) flat, and time(16) 1.
 def answer_5_3():  # exact mode: drafts [5, 9, 2, 7], NTP's argmaxes [5, 9, 3, 7, 1]
     drafts, causal = torch.tensor([[5, 9, 2, 7]]), torch.zeros(1, 5, 12)
     causal[0, torch.arange(5), torch.tensor([5, 9, 3, 7, 1])] = 1.0
-    ok, targets = exact.accept_greedy(drafts, causal, 11)
+    ok, targets = decode.accept_greedy(drafts, causal, 11)
     n_ok = next((j for j, kept in enumerate(ok[0].tolist()) if not kept), 4)
     return drafts[0, :n_ok].tolist() + [int(targets[0, n_ok])]
 

@@ -16,7 +16,6 @@ import sys
 import pytest
 import torch
 
-import exact
 import generate
 import model as model_lib
 import sampling
@@ -24,6 +23,7 @@ import sampling as settings_lib
 import tiny_models
 from model import dense_mask
 from sbd import hybrid_mask
+from serving import exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 # moderate for these random models: 1-4 reveals per forward

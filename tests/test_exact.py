@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import exact
 import generate
 import sampling
 import tiny_models
+from serving import exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 

@@ -15,12 +15,13 @@ import torch
 from test_exact import ScriptedDrafts
 from torch.nn import functional as F
 
-import exact
+import decode
 import model as model_lib
 import sampling
 import sbd
 import tiny_models
 from sampling import DecodeSettings, filter_logits
+from serving import exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -107,7 +108,7 @@ def test_acceptance_rule_on_scripted_p_and_q():
     q = torch.tensor([0.1, 0.6, 0.1, 0.2], dtype=torch.float64)
     N, g = 200_000, torch.Generator().manual_seed(0)
     drafts = torch.multinomial(q.expand(N, 4), 1, replacement=True, generator=g)  # (N, 1)
-    ok, targets = exact.accept_sampled(drafts, q.expand(N, 1, 4), p.expand(N, 2, 4), g)
+    ok, targets = decode.accept_sampled(drafts, q.expand(N, 1, 4), p.expand(N, 2, 4), g)
     emitted = torch.where(ok[:, 0], drafts[:, 0], targets[:, 0])
     assert chi_square(torch.bincount(emitted, minlength=4), p) < chi_square_bound(3)
     accept = (p / q).clamp(max=1).float()  # P(keep | x) = min(1, p(x) / q(x))
@@ -201,7 +202,7 @@ def test_exact_sampling_is_distributed_as_ntp_sampling(top_k, floor):
     assert dof >= 10 and value < chi_square_bound(dof)
 
 
-RIGHT_RULE = exact.accept_sampled
+RIGHT_RULE = decode.accept_sampled
 
 
 def always_keep(drafts, q, p, generator=None):  # a wrong rule: every draft survives
@@ -220,7 +221,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_check(monkeypatch, wrong_rule):
     prompt, n = [1, 2, 3], 3
     settings = DecodeSettings(mask_id=5, k=3, gamma=1e9, rule="left", exact=True, temperature=1.0)
     probs = enumerate_ntp(m, prompt, n, 5)
-    monkeypatch.setattr(exact, "accept_sampled", wrong_rule)
+    monkeypatch.setattr(decode, "accept_sampled", wrong_rule)
     value, dof = statistic(sampled_histogram(m, prompt, n, settings), probs)
     assert value > 3 * chi_square_bound(dof)
 

@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-import exact
 import generate
 import tiny_models
 from configurator import ConfigError
 from pretrained.decode_layout import GROUP, DecodeLinear, lay_out_for_decoding
 from sampling import DecodeSettings
+from serving import exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 

@@ -3,11 +3,11 @@ wall time, counts what it should, and leaves every wrapped function as it found 
 
 import torch
 
-import exact
 import generate
 import model as model_lib
 from bench.profile import TARGETS, Probe, profile_mode
 from sampling import DecodeSettings
+from serving import exact
 from tiny_models import random_model
 
 

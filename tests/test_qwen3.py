@@ -18,13 +18,13 @@ import torch.nn.functional as F
 from test_hf_config import expect_error
 from test_llama_sbd import PAIRS, run
 
-import exact
 import sampling
 import tiny_models
 from model import Llama, LlamaConfig, load_checkpoint
 from pretrained.load_llama import config_from_hf, hf_permute, load_llama, write_safetensors
 from pretrained.loading import load_pretrained
 from pretrained.tokenizer import QWEN2_PAT_STR, gpt2_byte_chars
+from serving import exact
 
 VOCAB = 512  # 256 bytes, 3 added tokens, then spare embedding rows (the first: SBD's mask, 259)
 ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

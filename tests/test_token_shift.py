@@ -18,12 +18,12 @@ from test_exact_serving import (
     tiny_sampling_model,
 )
 
-import exact
 import sampling
 import sbd
 import tiny_models
 from configurator import ConfigError
 from model import dense_mask, load_checkpoint
+from serving import exact
 from test_decoding import FAMILIES, GAMMA, mask_id_of, random_model, random_prompts
 
 X = torch.arange(10, 18)[None]  # (1, 8): x_0..x_7 = 10..17

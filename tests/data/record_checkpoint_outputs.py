@@ -19,9 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 import generate  # noqa: E402
-from exact import exact_generate  # noqa: E402
 from model import load_checkpoint  # noqa: E402
 from sampling import settings_for  # noqa: E402
+from serving.exact import exact_generate  # noqa: E402
 
 # six test prompts of data/addition, right-aligned as in training (ids of the checkpoint's chars)
 PROMPTS = ["Q:52+228=?A:", "Q:999+1=?A:", "Q:7+86=?A:", "Q:140+305=?A:", "Q:61+759=?A:",

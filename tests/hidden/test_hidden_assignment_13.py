@@ -14,13 +14,13 @@ import pytest
 import torch
 from test_assignment_5 import AlwaysRight
 
-import exact
 import generate
 import sampling
 import sbd
 import tiny_models
 from model import IGNORE_INDEX, dense_mask
 from sbd import hybrid_mask
+from serving import exact
 from test_decoding import FAMILIES, GAMMA, decode_settings, mask_id_of, random_model, random_prompts
 
 
@@ -71,7 +71,7 @@ def test_a_next_token_drafter_drafts_every_token_right(family):
             f"pretrained model kept perfectly, decoded {wrong} of {n} tokens unlike NTP in "
             f"{stats.nfe[0]} forwards (one per block, every token right, was expected): decoding "
             "reads block positions at slots that do not predict them")
-        for s in (shifted, shifted.replace(gamma=0.5)):  # exact.py's host path and tensor path
+        for s in (shifted, shifted.replace(gamma=0.5)):  # serving/exact.py's host and tensor paths
             tokens, stats = exact.exact_generate(drafter, prompt[b:b + 1], s.replace(exact=True), n)
             assert tokens[0] == ntp[b], "exact SBD must write NTP's tokens whatever it drafts"
             assert stats.rejected == [0], (

@@ -1,5 +1,7 @@
 """
-Exact SBD: the output of NTP decoding, with fewer forwards (docs/method.md, Exact mode).
+Exact SBD for serving: batches whose rows keep different numbers of drafts, the adaptive block
+size, the draft floor and the step view. decode.py:exact is the same method for one prompt, on one
+screen, and holds the acceptance rule this file uses (decode.accept); docs/method.md, Exact mode.
 
 The forward that commits a block (the first forward of the next block) computes, for every token
 of it, the causal logits of the position before: exactly what NTP decoding computes there. So it
@@ -28,6 +30,7 @@ import time
 import torch
 from torch.nn import functional as F
 
+from decode import accept
 from generate import (
     Check,
     DecodeStats,
@@ -42,41 +45,14 @@ from generate import (
     sbd_generate,
     stop_reached,
 )
-from sampling import ONE_FORWARD, filter_logits, greedy, reveal_step, sample, suppress_mask
+from sampling import ONE_FORWARD, greedy, reveal_step, suppress_mask
 from sbd import block_predictions, read_at
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 
 
 # -----------------------------------------------------------------------------
-# the acceptance rule
-
-
-def accept_greedy(drafts, causal, mask_id):
-    """drafts (B, n), causal logits (B, n + 1, V) -> (ok (B, n) bool, targets (B, n + 1)).
-
-    Draft j is kept iff it equals NTP's argmax after the slot before it; targets are NTP's tokens,
-    the correction after the last kept draft and, if all are kept, the next block's first token."""
-    targets = greedy(suppress_mask(causal, mask_id))  # (B, n + 1)
-    return drafts == targets[:, :-1], targets
-
-
-def accept_sampled(drafts, q, p, generator=None):
-    """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023) on drafts (B, n)
-    drawn from q (B, n, V); p (B, n + 1, V). Draft x at slot j is kept with probability min(1,
-    p_j(x) / q_j(x)). -> ok (B, n), targets (B, n + 1): at each j a draw from norm(max(0, p_j -
-    q_j)), used where draft j is the first rejected, and at n a draw from p_n, the token after a
-    fully kept block. The emitted tokens are then draws from p (docs/method.md, Exact sampling)."""
-    B, n = drafts.shape
-    p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
-    q_x = q.gather(-1, drafts[..., None])[..., 0]
-    u = torch.rand(B, n, generator=generator, device=drafts.device)
-    ok = u * q_x < p_x  # P(ok) = min(1, p(x) / q(x))
-    residual = (p[:, :n] - q).clamp(min=0)  # (B, n, V)
-    empty = residual.sum(-1, keepdim=True) <= 0  # p == q there: a rejection cannot happen
-    residual = torch.where(empty, p[:, :n], residual)
-    targets = sample(torch.cat([residual, p[:, n:]], dim=1), generator)  # multinomial normalises
-    return ok, targets
+# the adaptive block size
 
 
 def next_block_size(k, n_drafts, n_ok, patience, wait, K):
@@ -176,7 +152,8 @@ class Rows:
         committed), whether it rejected a draft, whether its new block's slot 0 was revealed.
 
         pending (B, P): each row's checked token then its drafts, padded; causal (B, P, V)."""
-        ok, targets = self.accept(pending[:, 1:], causal, generator)  # draft j: causal slot j
+        ok, targets = accept(pending[:, 1:], causal, self.q_pending, self.settings,
+                            generator)  # draft j: causal slot j
         n_drafts, P = [max(n - 1, 0) for n in n_prev], pending.size(1)
         both = torch.cat([ok, targets], dim=1).tolist()  # one transfer: (B, 2P - 1)
         n_ok = [leading_true(row[:n]) for row, n in zip(both, n_drafts)]
@@ -214,15 +191,6 @@ class Rows:
                 self.emit(b, [targets[b][n]])
                 self.pending[b] = []
         return checks, rejected, first
-
-    def accept(self, drafts, causal, generator):
-        """The acceptance rule on drafts (B, n) and causal logits (B, n + 1, V) -> (ok, targets)."""
-        s = self.settings
-        if s.temperature == 0:
-            return accept_greedy(drafts, causal, s.mask_id)
-        logits = filter_logits(suppress_mask(causal, s.mask_id), s.temperature, s.top_k, s.top_p)
-        q = self.q_pending[:, :drafts.size(1)]
-        return accept_sampled(drafts, q, F.softmax(logits, dim=-1), generator)
 
     def draft(self, logits, drafting, generator):
         """The reveal rule on the rows still drafting (a list of bools); logits (B, W, V) of the

@@ -1,0 +1,195 @@
+"""
+Decoding one prompt, the reference: next-token decoding (NTP), Set Block Decoding (the paper's
+Algorithms 2-3) and exact SBD, each one function on one screen (docs/method.md, Inference and Exact
+mode). Batch 1 and eager: no padding, no compiled graphs, no adaptive blocks, no draft floor.
+generate.py and serving/ decode batches, compiled, with the same rules from the same functions, and
+give the same tokens (tests/test_reference_decoding.py).
+
+Every decoder writes the prompt but its last token into a fresh KV cache with one causal forward
+(the prefill, not counted), and keeps the last prompt token "pending": the first decode forward
+feeds it, as every later forward feeds the newest tokens. Each returns (tokens, stats) as
+generate.py's decoders do for a batch of one: [the new ids up to and including the first stop
+token], and a generate.DecodeStats.
+
+    settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)  # sampling.py
+    tokens, stats = sbd(model, prompt, settings, max_new_tokens=64)  # prompt (1, T0)
+"""
+
+import time
+
+import torch
+from torch.nn import functional as F
+
+from generate import DecodeStats, hybrid_forward, prefill, stop_reached
+from sampling import filter_logits, greedy, next_token, reveal_step, sample, suppress_mask
+from sbd import block_predictions
+
+# -----------------------------------------------------------------------------
+# the decoders
+
+
+@torch.inference_mode()
+def ntp(model, prompt, settings, max_new_tokens, generator=None):
+    """Next-token decoding: each forward feeds the newest token and yields the next (NFE = tokens).
+    NTP uses the settings' stop tokens, mask token (never emitted) and sampling."""
+    t0 = time.perf_counter()
+    cache = new_cache(model, prompt, max_new_tokens)
+    pending, prefill_info = prefill(model, prompt, cache)  # (1, 1): the last prompt token
+    out = []
+    while not finished(out, settings, max_new_tokens):
+        logits = model(pending, cache=cache)[0]  # (1, 1, V), causal: pending is committed
+        pending = next_token(logits[:, -1], settings, generator)[:, None]  # (1, 1)
+        out.append(int(pending))
+    return result(out, [1] * len(out), prefill_info, t0)
+
+
+@torch.inference_mode()
+def sbd(model, prompt, settings, max_new_tokens, generator=None):
+    """Set Block Decoding: blocks of k masks. A block's first forward feeds [previous block ; block]
+    and commits the previous block causally; its last causal logit gives block position 0 NTP's
+    token (first_from_ntp), and the reveal rule reveals the others in this forward and later ones
+    (fill). The row ends at a stop token with every position before it revealed."""
+    t0 = time.perf_counter()
+    cache = new_cache(model, prompt, max_new_tokens)
+    prev, prefill_info = prefill(model, prompt, cache)  # (1, 1): committed by the first forward
+    out, widths = [], []
+    while not finished(out, settings, max_new_tokens):
+        k = min(settings.k, max_new_tokens - len(out))  # the last block is cut to fit
+        block = prev.new_full((1, k), settings.mask_id)
+        logits = hybrid_forward(model, cache, torch.cat([prev, block], dim=1), prev.size(1))
+        widths.append(logits.size(1))  # logits: (1, n_prev + k, V)
+        if settings.first_from_ntp:
+            block[:, 0] = next_token(logits[:, prev.size(1) - 1], settings, generator)
+        block, _ = fill(model, cache, block, logits[:, prev.size(1):], settings, generator, widths)
+        out, prev = out + until_stop(block[0].tolist(), settings), block
+    return result(out, widths, prefill_info, t0)
+
+
+@torch.inference_mode()
+def exact(model, prompt, settings, max_new_tokens, generator=None):
+    """Exact SBD: plain SBD's blocks are drafts, each checked (accept) by the causal logits of the
+    forward that commits it, NTP's own logits there; the output is NTP decoding's (docs/method.md,
+    Exact mode). The drafts before the first rejected one are kept, then NTP's token: it replaces
+    a rejected draft (the cache forgets the drafts after it, and the new block, drafted after a
+    wrong token, is dropped), or else starts the new block. Drafts that end the row get a forward
+    that only checks them. Sampling needs rule 'left' (DecodeSettings(exact=True) says so).
+    -> (tokens, stats) as ntp's; stats.accepted and .rejected: the drafts kept and thrown away."""
+    if settings.adaptive or settings.min_draft_prob:
+        raise ValueError("adaptive blocks and the draft floor are serving's: serving.exact.decode")
+    t0 = time.perf_counter()
+    cache = new_cache(model, prompt, max_new_tokens + 2 * settings.k)  # and a forward's room
+    pending, prefill_info = prefill(model, prompt, cache)  # (1, 1 + n): a checked token, n drafts
+    q, out, widths, accepted, rejected = None, [], [], 0, 0  # q (1, n, V): what drafts drew from
+    while not finished(out, settings, max_new_tokens):
+        n = pending.size(1) - 1
+        ends = n > 0 and int(pending[0, -1]) in settings.stop_ids
+        k = 0 if ends else min(settings.k, max_new_tokens - len(out) - n)  # the new block
+        block = pending.new_full((1, k if k > 1 else 0), settings.mask_id)  # k = 1: NTP's alone
+        logits = hybrid_forward(model, cache, torch.cat([pending, block], dim=1), n + 1)
+        widths.append(logits.size(1))  # logits: (1, 1 + n + k, V)
+        ok, targets = accept(pending[:, 1:], logits[:, :n + 1], q, settings, generator)
+        kept = int(ok[0].long().cumprod(0).sum())  # the drafts before the first rejected one
+        out += pending[0, 1:kept + 1].tolist()
+        accepted, rejected = accepted + kept, rejected + n - kept
+        if kept < n:  # NTP's token replaces the rejected draft; the cache forgets those after it
+            cache.forget(0, n - kept)
+            out, pending, q = out + [int(targets[0, kept])], targets[:, kept:kept + 1], None
+        elif k:  # NTP's token starts the new block; the reveal rule drafts the others
+            out.append(int(targets[0, n]))
+            block, q = torch.cat([targets[:, n:], block[:, 1:]], dim=1), None  # (1, k)
+            if k > 1 and not finished(out, settings, max_new_tokens):
+                block, q = fill(model, cache, block, logits[:, n + 1:], settings, generator, widths)
+            pending = block[:, :len(until_stop(block[0].tolist(), settings))]
+            q = None if q is None else q[:, 1:pending.size(1)]  # (1, n, V): position 0 is NTP's
+    return result(out, widths, prefill_info, t0, accepted=accepted, rejected=rejected)
+
+
+# -----------------------------------------------------------------------------
+# Algorithm 3's loop, and the acceptance rule
+
+
+def fill(model, cache, block, logits, settings, generator, widths):
+    """The reveal rule reveals masked slots of block (1, k) from its logits (1, k, V), then from
+    forwards of the block alone (committing nothing), until no mask is left or a stop token has
+    every position before it revealed. -> (block, q (1, k, V): the distributions the revealed
+    tokens were drawn from, for exact SBD's check; None when greedy)."""
+    stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=block.device)
+    is_masked, q_block = block == settings.mask_id, None  # (1, k)
+    while True:
+        logits = block_predictions(logits, settings.token_shift)  # position i: slot read_at(i)
+        block, revealed, q = reveal_step(logits, block, is_masked, settings, generator, with_q=True)
+        q_block = q if q_block is None else torch.where(revealed[..., None], q, q_block)
+        is_masked = is_masked & ~revealed
+        if not is_masked.any() or stop_reached(block, is_masked, stop):
+            return block, q_block
+        logits = hybrid_forward(model, cache, block, 0)  # (1, k, V)
+        widths.append(block.size(1))
+
+
+def accept(drafts, causal, q, settings, generator=None):
+    """The acceptance rule for drafts (B, n), causal logits (B, n + 1, V) and, when sampling, the
+    drafts' distributions q (B, >= n, V; None: no drafts) -> (ok (B, n), targets (B, n + 1)). p is
+    NTP sampling's own distribution (mask suppressed, filtered), so the output is NTP's."""
+    if settings.temperature == 0:
+        return accept_greedy(drafts, causal, settings.mask_id)
+    logits = suppress_mask(causal, settings.mask_id)
+    p = F.softmax(filter_logits(logits, settings.temperature, settings.top_k, settings.top_p), -1)
+    q = p[:, :0] if q is None else q[:, :drafts.size(1)]
+    return accept_sampled(drafts, q, p, generator)
+
+
+def accept_greedy(drafts, causal, mask_id):
+    """drafts (B, n), causal logits (B, n + 1, V) -> (ok (B, n) bool, targets (B, n + 1)).
+
+    Draft j is kept iff it equals NTP's argmax after the slot before it; targets are NTP's tokens,
+    the correction after the last kept draft and, if all are kept, the next block's first token."""
+    targets = greedy(suppress_mask(causal, mask_id))  # (B, n + 1)
+    return drafts == targets[:, :-1], targets
+
+
+def accept_sampled(drafts, q, p, generator=None):
+    """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023) on drafts (B, n)
+    drawn from q (B, n, V); p (B, n + 1, V). Draft x at slot j is kept with probability min(1,
+    p_j(x) / q_j(x)). -> ok (B, n), targets (B, n + 1): at each j a draw from norm(max(0, p_j -
+    q_j)), used where draft j is the first rejected, and at n a draw from p_n, the token after a
+    fully kept block. The emitted tokens are then draws from p (docs/method.md, Exact sampling)."""
+    B, n = drafts.shape
+    p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
+    q_x = q.gather(-1, drafts[..., None])[..., 0]
+    u = torch.rand(B, n, generator=generator, device=drafts.device)
+    ok = u * q_x < p_x  # P(ok) = min(1, p(x) / q(x))
+    residual = (p[:, :n] - q).clamp(min=0)  # (B, n, V)
+    empty = residual.sum(-1, keepdim=True) <= 0  # p == q there: a rejection cannot happen
+    residual = torch.where(empty, p[:, :n], residual)
+    targets = sample(torch.cat([residual, p[:, n:]], dim=1), generator)  # multinomial normalises
+    return ok, targets
+
+
+# -----------------------------------------------------------------------------
+# the small steps every decoder shares
+
+
+def new_cache(model, prompt, n_slots):
+    """A KV cache with room for prompt (1, T0) and n_slots more tokens, in the model's dtype."""
+    dtype = next(model.parameters()).dtype
+    return model.new_cache(1, prompt.size(1) + n_slots, prompt.device, dtype=dtype)
+
+
+def finished(out, settings, max_new_tokens):
+    """A row ends at its first stop token, which it keeps, or at max_new_tokens."""
+    return len(out) >= max_new_tokens or bool(out) and out[-1] in settings.stop_ids
+
+
+def until_stop(tokens, settings):
+    """tokens (a list) up to and including the first stop token; all of them if there is none."""
+    ends = [i + 1 for i, token in enumerate(tokens) if token in settings.stop_ids]
+    return tokens[:ends[0]] if ends else tokens
+
+
+def result(out, widths, prefill_info, t0, **counts):
+    """-> ([out], DecodeStats) as generate.py's decoders return for a batch of one: nfe = the
+    decode forwards, widths = the tokens each fed; counts: exact SBD's accepted and rejected."""
+    stats = DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
+                        wall_time=time.perf_counter() - t0, **prefill_info,
+                        **{name: [n] for name, n in counts.items()})
+    return [out], stats
