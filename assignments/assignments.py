@@ -106,7 +106,8 @@ ASSIGNMENTS = [
         number=5, title="Block decoding (Algorithms 2 and 3)", kind="implementation", points=20,
         builds_on=[1, 2, 3, 4], writeup="05_block_decoding.md",
         functions=["generate.py:hybrid_forward", "generate.py:block_forward",
-                   "generate.py:decode_block", "generate.py:sbd_generate"],
+                   "generate.py:decode_block", "generate.py:sbd_generate", "decode.py:fill",
+                   "decode.py:sbd"],
         tests=[
             "tests/test_training.py::test_training_forward_equals_decoding_forward[4-gpt-tiny]",
             "tests/test_training.py::test_training_forward_equals_decoding_forward[5-gpt-tiny]",
@@ -122,6 +123,10 @@ ASSIGNMENTS = [
             "tests/test_decoding.py::test_mask_token_never_in_output[1.0-gpt-tiny]",
             "tests/test_decoding.py::test_max_new_tokens_not_a_multiple_of_k",
             "tests/test_decoding.py::test_stats_add_up",
+            "tests/test_reference_decoding.py::test_plain_sbd_is_servings[False-gpt-tiny]",
+            "tests/test_reference_decoding.py::test_plain_sbd_is_servings[True-gpt-tiny]",
+            ("tests/test_reference_decoding.py::"
+             "test_plain_sbd_sampled_and_without_the_ntp_term_is_servings[gpt-tiny]"),
             # hidden: against the uncached reference decoder
             ("tests/hidden/test_hidden_assignment_5.py::"
              "test_decode_block_fills_one_block_and_commits_prev"),

@@ -671,6 +671,12 @@ def shape_example(name):
                  stop=torch.tensor([0])), {}),
         "generate.py:sbd_generate": lambda: (
             dict(model=gpt, prompt=prompt, settings=settings, max_new_tokens=8), {}),
+        "decode.py:fill": lambda: (
+            dict(model=gpt, cache=gpt.new_cache(1, 20, "cpu"), block=torch.full((1, 5), 63),
+                 logits=torch.randn(1, 5, 64, generator=g),
+                 settings=settings.replace(temperature=1.0), generator=g, widths=[]), {}),
+        "decode.py:sbd": lambda: (
+            dict(model=gpt, prompt=prompt[:1], settings=settings, max_new_tokens=8), {}),
         "model.py:rope_frequencies": lambda: (dict(config=llama_config),
                                               dict(head_dim=llama_config.head_dim)),
         "model.py:apply_rotary": lambda: (
