@@ -29,6 +29,11 @@ SHARED = {  # (blanked body, unit of the handout): why the run they share is not
         "the decoders' common start: check the prompt, make the cache, prefill, the stop ids",
     ("generate.py:sbd_generate", "serving/exact.py:exact_generate"):
         "the decoders' common start: check the mask id and the prompt, make the cache, prefill",
+    ("decode.py:sbd", "decode.py:ntp"):
+        "the reference decoders' common start: the clock, the cache, the prefill, the loop",
+    ("decode.py:sbd", "decode.py:exact"):
+        "the reference decoders' common start: the clock, the cache, the prefill, the loop",
+    ("decode.py:fill", "generate.py:ntp_generate"): "the stop ids as a tensor on the device",
 }
 
 
