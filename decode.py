@@ -20,7 +20,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from generate import DecodeStats, hybrid_forward, prefill, stop_reached
+from generate import DecodeStats, hybrid_forward, prefill, reveal_first, stop_reached
 from sampling import filter_logits, greedy, next_token, reveal_step, sample, suppress_mask
 from sbd import block_predictions
 
@@ -58,8 +58,9 @@ def sbd(model, prompt, settings, max_new_tokens, generator=None):
         block = prev.new_full((1, k), settings.mask_id)
         logits = hybrid_forward(model, cache, torch.cat([prev, block], dim=1), prev.size(1))
         widths.append(logits.size(1))  # logits: (1, n_prev + k, V)
-        if settings.first_from_ntp:
-            block[:, 0] = next_token(logits[:, prev.size(1) - 1], settings, generator)
+        if settings.first_from_ntp:  # position 0: NTP's token, from prev's last causal logit
+            block, _, _ = reveal_first(block, block == settings.mask_id,
+                                       logits[:, :prev.size(1)], settings, generator)
         block, _ = fill(model, cache, block, logits[:, prev.size(1):], settings, generator, widths)
         out, prev = out + until_stop(block[0].tolist(), settings), block
     return result(out, widths, prefill_info, t0)

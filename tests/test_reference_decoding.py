@@ -59,6 +59,17 @@ def assert_same(ours, theirs, checks=False):
     if checks:
         assert (stats.accepted, stats.rejected) == (serving_stats.accepted, serving_stats.rejected)
 
+def greedy_cases(m, grid, **fields):
+    """(prompt, settings) for two prompts x each (k, gamma, rule) of grid x without and with a stop
+    token; fields: the other settings."""
+    for p in range(2):
+        prompt, stop = prompt_and_stop(m, p)
+        for k, gamma, rule in grid:
+            for stop_ids in ([], [stop]):
+                yield prompt, sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma,
+                                                      rule=rule, stop_ids=stop_ids, **fields)
+
+
 # -----------------------------------------------------------------------------
 # the reference against serving, token for token and forward for forward
 
@@ -79,16 +90,10 @@ def test_ntp_is_servings(family, temperature):
 @pytest.mark.parametrize("token_shift", [False, True])
 def test_plain_sbd_is_servings(family, token_shift):
     m = random_model(family)
-    for p in range(2):
-        prompt, stop = prompt_and_stop(m, p)
-        for k, gamma, rule in ((1, 0.0, "entropy"), (4, GAMMA[family], "entropy"),
-                               (8, GAMMA[family], "confidence"), (8, 0.5, "factor"),
-                               (16, 0.0, "left"), (16, 1e9, "entropy")):
-            for stop_ids in ([], [stop]):
-                settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma,
-                                                   rule=rule, stop_ids=stop_ids,
-                                                   token_shift=token_shift)
-                assert_same(*both(decode.sbd, generate.sbd_generate, m, prompt, settings, 21))
+    grid = ((1, 0.0, "entropy"), (4, GAMMA[family], "entropy"), (8, GAMMA[family], "confidence"),
+            (8, 0.5, "factor"), (16, 0.0, "left"), (16, 1e9, "entropy"))
+    for prompt, settings in greedy_cases(m, grid, token_shift=token_shift):
+        assert_same(*both(decode.sbd, generate.sbd_generate, m, prompt, settings, 21))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -107,15 +112,11 @@ def test_plain_sbd_sampled_and_without_the_ntp_term_is_servings(family):
 @pytest.mark.parametrize("token_shift", [False, True])
 def test_exact_greedy_is_servings(family, token_shift):
     m = random_model(family)
-    for p in range(2):
-        prompt, stop = prompt_and_stop(m, p)
-        for k, gamma in ((1, 0.0), (4, 0.0), (8, GAMMA[family]), (16, 1e9)):
-            for stop_ids in ([], [stop]):
-                settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma,
-                                                   stop_ids=stop_ids, exact=True,
-                                                   token_shift=token_shift)
-                assert_same(*both(decode.exact, exact.exact_generate, m, prompt, settings, 23),
-                            checks=True)
+    grid = ((1, 0.0, "entropy"), (4, 0.0, "entropy"), (8, GAMMA[family], "entropy"),
+            (16, 1e9, "entropy"))
+    for prompt, settings in greedy_cases(m, grid, exact=True, token_shift=token_shift):
+        assert_same(*both(decode.exact, exact.exact_generate, m, prompt, settings, 23),
+                    checks=True)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
