@@ -2,27 +2,28 @@
 Decoding one prompt, the reference: next-token decoding (NTP), Set Block Decoding (the paper's
 Algorithms 2-3) and exact SBD, each one function on one screen (docs/method.md, Inference and Exact
 mode). Batch 1 and eager: no padding, no compiled graphs, no adaptive blocks, no draft floor.
-generate.py and serving/ decode batches, compiled, with the same rules from the same functions, and
-give the same tokens (tests/test_reference_decoding.py).
+The rules every decoder shares are written here once: the hybrid forward, the block's first token,
+when a row stops and the acceptance rule. serving/ decodes batches, compiled, by calling them, and
+gives the same tokens (tests/test_reference_decoding.py).
 
 Every decoder writes the prompt but its last token into a fresh KV cache with one causal forward
 (the prefill, not counted), and keeps the last prompt token "pending": the first decode forward
-feeds it, as every later forward feeds the newest tokens. Each returns (tokens, stats) as
-generate.py's decoders do for a batch of one: [the new ids up to and including the first stop
-token], and a generate.DecodeStats.
+feeds it, as every later forward feeds the newest tokens. Each returns (tokens, stats), as
+serving's decoders do for a batch: [the new ids up to and including the first stop token], and a
+DecodeStats.
 
     settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)  # sampling.py
     tokens, stats = sbd(model, prompt, settings, max_new_tokens=64)  # prompt (1, T0)
 """
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
-from generate import DecodeStats, hybrid_forward, prefill, reveal_first, stop_reached
 from sampling import filter_logits, greedy, next_token, reveal_step, sample, suppress_mask
-from sbd import block_predictions
+from sbd import block_predictions, cache_mask
 
 # -----------------------------------------------------------------------------
 # the decoders
@@ -167,6 +168,51 @@ def accept_sampled(drafts, q, p, generator=None):
 
 
 # -----------------------------------------------------------------------------
+# the forward, and the rules of a block's first token and of its end
+
+
+def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
+    """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
+
+    The first n_commit tokens are processed causally and committed to the cache; the next, up to
+    n_real (default T), are a block whose slots attend to the whole prefix and to each other
+    (hybrid_mask) and are never committed; any after n_real are padding that no real token sees
+    (sbd.cache_mask). n_commit and n_real: ints, or (B,) tensors, a value per row. Each row's
+    tokens go to its next slots (cache.lengths), and a token's position is its slot (padding: 0).
+    Every decoding forward is this one function, eager or compiled (serving.batched's
+    decode_forward): tensors of fixed shapes per T, so torch.compile makes one graph per width.
+    """
+    T = tokens.size(1)
+    n_real = T if n_real is None else n_real
+    q = cache.next_slots(T)  # (B, T): the slots
+    start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
+    end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
+    mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
+    pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
+    return model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit,
+                 block_start=start[..., 0])[0]  # (B, 1): a block adapter reads from there on
+
+
+def reveal_first(block, is_masked, causal, settings, generator=None):
+    """Slot 0 of a new block gets the token NTP decoding would emit there: the committed prefix's
+    last causal logit predicts exactly that position, and the block's first forward computes it.
+    It costs none of the reveal rule's budget. -> (new block, is_masked, revealed (B, kb) bool)"""
+    revealed = F.pad(is_masked[:, :1], (0, block.size(1) - 1))  # (B, kb): slot 0 where masked
+    first = next_token(causal[:, -1], settings, generator)  # (B,)
+    return torch.where(revealed, first[:, None], block), is_masked & ~revealed, revealed
+
+
+def stop_reached(block, is_masked, stop):
+    """(B,) bool: rows whose block holds a stop token with every position up to it revealed.
+
+    Such a row is finished: what follows its stop token is cut anyway, so waiting for those
+    positions would only waste forwards (the stop token is often revealed first).
+    """
+    prefix_revealed = is_masked.cumsum(dim=1) == 0  # (B, kb): no mask at or before the slot
+    return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
+
+
+# -----------------------------------------------------------------------------
 # the small steps every decoder shares
 
 
@@ -174,6 +220,27 @@ def new_cache(model, prompt, n_slots):
     """A KV cache with room for prompt (1, T0) and n_slots more tokens, in the model's dtype."""
     dtype = next(model.parameters()).dtype
     return model.new_cache(1, prompt.size(1) + n_slots, prompt.device, dtype=dtype)
+
+
+def prefill(model, prompt, cache):
+    """Write prompt[:-1] into the fresh KV cache with one causal forward.
+
+    Returns (pending (B, 1) = the last prompt token, dict(prefill_forwards, prefill_time)).
+    """
+    t0 = time.perf_counter()
+    if prompt.size(1) > 1:
+        model(prompt[:, :-1], cache=cache)  # eager: a width that runs once per decode
+    synchronize(prompt.device)
+    info = dict(prefill_forwards=int(prompt.size(1) > 1), prefill_time=time.perf_counter() - t0)
+    return prompt[:, -1:], info
+
+
+def synchronize(device):
+    """Wait for the accelerator, so that a wall-clock reading includes the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def finished(out, settings, max_new_tokens):
@@ -187,8 +254,37 @@ def until_stop(tokens, settings):
     return tokens[:ends[0]] if ends else tokens
 
 
+# -----------------------------------------------------------------------------
+# what a decode returns
+
+
+@dataclass
+class DecodeStats:
+    """What one decode cost, per batch row. Counts include the stop token: it was generated too."""
+
+    nfe: list  # decode forwards per row: forwards in which the row still had tokens to produce
+    tokens: list  # tokens generated per row, up to and including the first stop token
+    widths: list  # tokens fed per row by each decode forward of the batch (bench/ times them)
+    prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0: 1-token prompt)
+    prefill_time: float  # seconds of the prefill
+    wall_time: float  # seconds of the whole decode, prefill included
+    steps: list = None  # record_steps: one Step per decode forward
+    # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
+    # rejected, forwards that only checked a row's last block, drafts never checked (too unsure)
+    accepted: list = None
+    rejected: list = None
+    wasted_forwards: list = None
+    final_checks: list = None
+    unchecked: list = None
+
+    @property
+    def tokens_per_forward(self):
+        """Per row: tokens / decode forwards (1.0 for NTP; the NFE speed-up for SBD)."""
+        return [t / max(n, 1) for t, n in zip(self.tokens, self.nfe)]
+
+
 def result(out, widths, prefill_info, t0, **counts):
-    """-> ([out], DecodeStats) as generate.py's decoders return for a batch of one: nfe = the
+    """-> ([out], DecodeStats) as serving's decoders return for a batch of one: nfe = the
     decode forwards, widths = the tokens each fed; counts: exact SBD's accepted and rejected."""
     stats = DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
                         wall_time=time.perf_counter() - t0, **prefill_info,

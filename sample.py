@@ -34,11 +34,11 @@ import torch
 
 import decode as reference
 from configurator import ConfigError, configure, pick_device, require, resolve_dtype
-from generate import format_steps, warm_up
 from model import load_checkpoint
 from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings, read_calibration, settings_for
+from serving.batched import format_steps, warm_up
 from serving.exact import decode as serving_decode
 from tasks import chat_prompt, task_of_checkpoint
 

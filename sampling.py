@@ -37,7 +37,7 @@ class DecodeSettings:
     temperature: float = 0.0  # 0: argmax (the paper's setting); > 0: sample
     top_k: int | None = None  # sample among the top_k most likely tokens only
     top_p: float | None = None  # sample among the smallest set holding probability top_p
-    compiled: bool = False  # every forward through torch.compile's graphs (generate.decode_forward)
+    compiled: bool = False  # every forward through torch.compile's graphs (serving/batched.py)
 
     def __post_init__(self):
         if self.k < 1:

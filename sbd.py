@@ -12,8 +12,9 @@ follow. Which block slot predicts which block position is one rule, read_at, tha
 and every decoder share: the paper's (a slot predicts its own token) or token shift's, which keeps
 the pretrained model's next-token alignment (docs/method.md, Token shift). The block adapter trains
 a delta that only the block's slots see, the base frozen (docs/method.md, Block adapter).
-Decoding with the trained model lives in decode.py (one prompt: NTP, SBD and exact SBD), generate.py
-(batches of NTP and SBD) and serving/exact.py (exact SBD for batches).
+Decoding with the trained model lives in decode.py (one prompt: NTP, SBD and exact SBD) and, for
+serving, in serving/batched.py (batches of NTP and SBD) and serving/exact.py (exact SBD for
+batches).
 
 Index convention: 0-based throughout; the paper's x_1..x_L is x[0]..x[L-1] here.
 Mask functions take (q, kv): the query slot and the key slot, broadcast over index tensors.
@@ -299,7 +300,7 @@ def block_predictions(block_logits, token_shift):
     """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1: position j's row is
     slot read_at(j)'s. A position that no slot of the block predicts gets the nearest slot's row,
     which must never be read (block position 0 is revealed from the causal logits before any reveal
-    rule runs: generate.reveal_first)."""
+    rule runs: decode.reveal_first)."""
     if not token_shift:
         return block_logits
     W = block_logits.size(1)

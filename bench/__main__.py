@@ -9,8 +9,8 @@ Decoding benchmarks, measured side by side in one run (timings to read, not a pa
     python -m bench --what=profile   # where a decode forward's time goes (bench/profile.py)
 
 kvcache: a 6-layer, 384-wide GPT decodes new_tokens tokens greedily twice: through the KV cache
-(generate.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the whole
-context per token.
+(serving.batched.ntp_generate) and the way nanoGPT's sampler does it, one full forward over the
+whole context per token.
 sbd: the same model and prompts decoded with NTP and with SBD, both through the KV cache, batch 1.
 Uses out_dir/ckpt_sbd.pt if it exists (prompts from its task's test split), else a random model.
 Besides the measured speed-ups it times a 1-, k- and 2k-token forward on top of a cache and

@@ -25,8 +25,8 @@ from bench.workload import (
     random_gpt,
     trained_settings,
 )
-from generate import ntp_generate
 from sampling import DecodeSettings
+from serving.batched import ntp_generate
 from serving.exact import decode
 from tasks.solve import mode_name, new_tokens
 

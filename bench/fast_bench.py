@@ -1,8 +1,8 @@
 """
 Our decoding next to llama.cpp on the same GGUF file and CPU (batch 1, greedy, prefill excluded):
-NTP eager (generate.ntp_generate on the model as loaded, the decoder before any layout), NTP
+NTP eager (serving.batched.ntp_generate on the model as loaded, the decoder before any layout), NTP
 compiled and exact SBD compiled (the product's path: decode_layout.lay_out_for_decoding, then
-every forward through generate.compiled_step, as `sample.py --compile=True` runs them), and
+every forward through serving.batched.compiled_step, as `sample.py --compile=True` runs them), and
 llama.cpp's llama-bench tg<tokens> with the same threads; each as tokens/s and as a ratio to
 llama.cpp. Every contender runs once per rep, interleaved, so that a load that comes and goes hits
 them all; each prints 'median [min-max]' over reps. This file times things only: it defines no
@@ -42,11 +42,11 @@ import torch
 
 from bench.measure import cpu_name, measure_bandwidth, spread
 from configurator import ConfigError, configure, resolve_dtype
-from generate import decode_forward, new_cache, ntp_generate, warm_up
 from model import load_checkpoint
 from pretrained.decode_layout import lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, pretrained_path, tokenizer_of
 from sampling import ONE_FORWARD, DecodeSettings, settings_for
+from serving.batched import decode_forward, new_cache, ntp_generate, warm_up
 from serving.exact import exact_generate
 from tasks import BenchmarkTask
 

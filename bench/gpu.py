@@ -16,7 +16,7 @@ Llama-3.1-8B decoding cost on one GPU, measured: the real-hardware version of th
    it: 1.004 at k=16, 1.015 at k=64 for FP8 on an H100 at KV length 16; here it is measured, bf16,
    eager PyTorch). Two columns: the forward itself, its mask built once outside the timing (the
    block's keys are written into the cache's spare slots, a view, no copy), and
-   generate.block_forward exactly as decoding runs it (generate.hybrid_forward: the same view, the
+   batched.block_forward exactly as decoding runs it (decode.hybrid_forward: the same view, the
    block never committed, plus what decoding does around the forward, its mask built every time).
    Before the table, the SDPA kernels that accept such a block forward (a boolean mask and
    grouped-query heads: torch's docs say only the flash and math kernels do GQA, and flash takes no
@@ -47,11 +47,11 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import bench.roofline as roofline
-import generate
 from configurator import ConfigError, configure, pick_device
 from model import LLAMA_PRESETS, Llama, LlamaConfig, dense_mask
 from sampling import DecodeSettings
 from sbd import hybrid_mask
+from serving import batched
 
 # -----------------------------------------------------------------------------
 preset = "llama3.1-8b"  # a key of model.LLAMA_PRESETS ('llama-tiny' for a CPU smoke test)
@@ -60,7 +60,7 @@ dtype = "bfloat16"  # weights and KV cache
 bandwidth = 0.0  # peak memory bandwidth in GB/s (1e9 B/s); 0 = from the GPU's name (BANDWIDTH)
 kv_lengths = (1024, 8192)  # tokens already in the KV cache
 ks = (1, 2, 4, 8, 16, 32, 64)  # tokens per forward
-static = False  # also time the compiled decode step (CUDA graphs: generate.compiled_step)
+static = False  # also time the compiled decode step (CUDA graphs: batched.compiled_step)
 warmup = 5  # untimed forwards before each measurement
 reps = 20  # timed forwards; the median is reported
 seed = 1337
@@ -145,11 +145,11 @@ def build_model(config, device, dtype):
 
 
 def static_times(L0, eager_t1):
-    """4. The same forwards through the product's compiled decode step (generate.decode_forward on
+    """4. The same forwards through the product's compiled decode step (batched.decode_forward on
     a cache of compiled decoding: the static cache, read whole, one CUDA graph per width): NTP
     decode vs the bandwidth ceiling, t(k)/t(1), and Eq. 16 from these times."""
     settings = DecodeSettings(mask_id=None, k=max(ks), compiled=True)
-    cache = generate.new_cache(model, torch.zeros(1, L0, dtype=torch.long, device=device),
+    cache = batched.new_cache(model, torch.zeros(1, L0, dtype=torch.long, device=device),
                                2 * max(ks) + 1, settings)
     for buffer in cache.k + cache.v:
         buffer.normal_()
@@ -161,7 +161,7 @@ def static_times(L0, eager_t1):
 
     times = {}
     for k in cache.widths:
-        times[k] = median_ms(lambda: generate.decode_forward(model, cache, tokens[:, :k],
+        times[k] = median_ms(lambda: batched.decode_forward(model, cache, tokens[:, :k],
                                                              int(k == 1)), reset)
     step_bytes = weight_bytes + L0 * kv_bytes_per_token
     share = f", {step_bytes / (times[1] / 1000) / 1e9 / bandwidth:.0%} of {bandwidth:g} GB/s" \
@@ -227,7 +227,7 @@ with torch.inference_mode():
                   f"{1000 * model_time(1, L0, 1, hw):.3g} ms (measured {t1:.2f} ms)")
 
         # 2. k tokens in one forward over the same cache, a block attending to the prefix and
-        # itself; by hand, not generate.hybrid_forward: the forward alone, mask built outside timing
+        # itself; by hand, not decode.hybrid_forward: the forward alone, mask built outside timing
         def block_mask(k):
             return dense_mask(lambda q, key: hybrid_mask(q, key, L0), k, L0 + k, query_offset=L0,
                               device=device)
@@ -235,14 +235,14 @@ with torch.inference_mode():
         print(f"KV {L0}: SDPA kernels that take a masked grouped-query block of {max(ks)}: "
               f"{sdpa_kernels(max(ks), block_mask(max(ks)))}")
         print(f"KV {L0}: k-token forward / 1-token forward, median of {reps}")
-        print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'generate.block_forward ms':>21} "
+        print(f"{'k':>4} {'forward ms':>11} {'ratio':>7} {'batched.block_forward ms':>21} "
               f"{'ratio':>7} {'roofline':>9}")
         times, sbd_times = {}, {}
         for k in ks:
             mask = block_mask(k)
             times[k] = median_ms(lambda: model(tokens[:, :k], mask=mask, cache=cache, n_commit=k),
                                  reset)
-            sbd_times[k] = median_ms(lambda: generate.block_forward(model, cache, tokens[:, :0],
+            sbd_times[k] = median_ms(lambda: batched.block_forward(model, cache, tokens[:, :0],
                                                                     tokens[:, :k]), reset)
             predicted = (f"{roofline.slowdown(model_time, k, L0, 1, hw):9.3f}" if model_time
                          else f"{'-':>9}")
@@ -251,13 +251,13 @@ with torch.inference_mode():
 
         # 3. Eq. 16: a block of 16 in 4 forwards; the first also commits the previous block (2k in)
         if 16 in ks and 32 in ks:
-            first = median_ms(lambda: generate.block_forward(model, cache, tokens[:, :16],
+            first = median_ms(lambda: batched.block_forward(model, cache, tokens[:, :16],
                                                              tokens[:, 16:32]), reset)
             predicted = (f", this roofline {roofline.eq16(model_time, 16, 4, L0, 1, hw):.2f}x"
                          if model_time else "")
             print(f"KV {L0}: Eq. 16, k=16 in l=4 forwards: wall-clock speed-up "
                   f"{16 * t1 / (times[32] + 3 * times[16]):.2f}x (forward column), "
-                  f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (generate.block_forward); "
+                  f"{16 * t1 / (first + 3 * sbd_times[16]):.2f}x (batched.block_forward); "
                   f"the paper's roofline 3.98x{predicted}")
         cache = None  # free this length's cache before the next one is allocated
         if static:

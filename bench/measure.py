@@ -9,7 +9,7 @@ import time
 import torch
 
 import bench.roofline as roofline
-from generate import hybrid_forward
+from decode import hybrid_forward
 
 
 def cpu_name():
@@ -107,9 +107,10 @@ def forward_times(model, cache, widths, reps, rounds=1, warmup=3):
     round times every k in turn (the median of reps forwards after warmup untimed ones), and the
     fastest round counts (another job on the core only ever slows a round down).
 
-    k = 1 is an NTP step (no mask, as generate.ntp_generate); k > 1 is an SBD block that attends to
-    the cache and to itself (generate.hybrid_forward, sbd.hybrid_mask), nothing committed: its keys
-    are written into the cache's spare slots (a view, no copy) and dropped. The cache is unchanged.
+    k = 1 is an NTP step (no mask, as serving.batched.ntp_generate); k > 1 is an SBD block that
+    attends to the cache and to itself (decode.hybrid_forward, sbd.hybrid_mask), nothing committed:
+    its keys are written into the cache's spare slots (a view, no copy) and dropped. The cache is
+    unchanged.
     """
     tokens = torch.zeros(1, max(widths), dtype=torch.long, device=cache.k[0].device)
     per_round = {k: [] for k in widths}

@@ -28,12 +28,12 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import generate
+import decode
 import model as model_lib
 from bench.decode_speed import random_workload, trained_workload
 from bench.measure import cpu_name
 from bench.workload import checkpoint_path
-from serving import exact
+from serving import batched, exact
 
 CATEGORIES = ("model", "cache", "masks", "syncs")
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero"}
@@ -42,7 +42,7 @@ SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero"}
 TARGETS = [
     (model_lib.KVCache, "extend", "cache"), (model_lib.KVCache, "commit", "cache"),
     (model_lib.KVCache, "truncate", "cache"), (model_lib.KVCache, "forget", "cache"),
-    (generate, "cache_mask", "masks"), (model_lib, "over_the_cache", "masks"),
+    (decode, "cache_mask", "masks"), (model_lib, "over_the_cache", "masks"),
     (model_lib, "attention_bias", "masks"),
     (torch.Tensor, "item", "syncs"), (torch.Tensor, "tolist", "syncs"),
     (torch.Tensor, "__bool__", "syncs"), (torch.Tensor, "__int__", "syncs"),
@@ -84,7 +84,7 @@ class Probe:
         for owner, name, category in targets:
             if hasattr(owner, name):
                 self.patch(owner, name, self.wrap(category, getattr(owner, name)))
-        for module in (generate, exact):
+        for module in (batched, exact):
             self.patch(module, "prefill", self.unpaused(module.prefill))
 
     def unpaused(self, fn):

@@ -15,7 +15,7 @@ statements that run. Nothing of torch or the standard library counts.
   counts is what runs beneath sample.py's top-level statements that run the model, model.py
   excluded (read once for training). "calls to the model" is the longest chain of repository
   functions from sample.py's top level to the model's forward (decode.sbd -> decode.fill ->
-  generate.hybrid_forward: each is one call).
+  decode.hybrid_forward: each is one call).
 """
 
 import ast

@@ -24,9 +24,9 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import generate  # noqa: E402
 from pretrained.load_llama import load_llama  # noqa: E402
 from sampling import DecodeSettings  # noqa: E402
+from serving import batched  # noqa: E402
 
 QWEN3_8B_WIDTHS = dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
                        head_dim=128, intermediate_size=12288, rope_theta=1e6, rms_norm_eps=1e-6,
@@ -53,7 +53,7 @@ def main():
             scale = want.abs().max().item()
             greedy_theirs = theirs.generate(idx[:1, :16], max_new_tokens=32, min_new_tokens=32,
                                             do_sample=False, pad_token_id=0)[0, 16:].tolist()
-        greedy_ours, _ = generate.ntp_generate(ours, idx[:1, :16], DecodeSettings(mask_id=None), 32)
+        greedy_ours, _ = batched.ntp_generate(ours, idx[:1, :16], DecodeSettings(mask_id=None), 32)
     print(f"Qwen3-8B widths, 2 layers, {len(shards)} shards: head_dim {ours.config.head_dim}, "
           f"qk_norm {ours.config.qk_norm}")
     print(f"max |logit diff| {diff:.2e} (logits up to {scale:.2f}); goal < 1e-4: "

@@ -19,9 +19,9 @@ import torch
 import transformers
 
 sys.path.insert(0, os.getcwd())
-import generate
 from pretrained.load_llama import load_llama
 from sampling import DecodeSettings
+from serving import batched
 from serving.exact import exact_generate
 
 out_dir = sys.argv[1]
@@ -80,7 +80,7 @@ prompt = idx[:1, :32]
 with torch.no_grad():
     hf_out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=64,
                          do_sample=False, eos_token_id=None, pad_token_id=0)[0, 32:].tolist()
-ntp, _ = generate.ntp_generate(ours, prompt, DecodeSettings(mask_id=None), 64)
+ntp, _ = batched.ntp_generate(ours, prompt, DecodeSettings(mask_id=None), 64)
 settings = DecodeSettings(mask_id=128002, k=16, gamma=1e9, exact=True)
 exact, stats = exact_generate(ours, prompt, settings, 64)
 same = sum(a == b for a, b in zip(ntp[0], hf_out))

@@ -1,6 +1,6 @@
 """
 The product's fast decode on a GPU: the static cache's step compiled with CUDA graphs
-(generate.compiled_step, mode reduce-overhead) against the same decoders eager. No download:
+(batched.compiled_step, mode reduce-overhead) against the same decoders eager. No download:
 random models.
 
 1. Tiny GPT and Llama in fp32: NTP, plain SBD, exact SBD at batch 1 and 2, and exact sampling with
@@ -19,11 +19,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-import generate  # noqa: E402
 import model as model_lib  # noqa: E402
 from pretrained.decode_layout import lay_out_for_decoding  # noqa: E402
 from sampling import DecodeSettings  # noqa: E402
-from serving import exact  # noqa: E402
+from serving import (
+    batched,  # noqa: E402
+    exact,  # noqa: E402
+)
 
 
 def random_model(family, dtype, std=0.5, **overrides):
@@ -48,8 +50,8 @@ def tiny_checks():
         for B in (1, 2):
             prompt = torch.randint(0, mask_id, (B, 5), device="cuda",
                                    generator=torch.Generator("cuda").manual_seed(B))
-            for name, decode, settings in (("NTP", generate.ntp_generate, plain),
-                                           ("plain SBD", generate.sbd_generate, plain),
+            for name, decode, settings in (("NTP", batched.ntp_generate, plain),
+                                           ("plain SBD", batched.sbd_generate, plain),
                                            ("exact SBD", exact.exact_generate, greedy_exact),
                                            ("exact sampling", exact.exact_generate, sampled)):
                 eager, _ = decode(m, prompt, settings, 16, torch.Generator("cuda").manual_seed(0))
@@ -66,12 +68,12 @@ def speed_check():
     prompt = torch.randint(0, 128000, (1, 32), device="cuda")
     settings = DecodeSettings(mask_id=None, k=16)
     t0 = time.perf_counter()
-    seconds = generate.warm_up(m, prompt, 64, settings.replace(compiled=True))
+    seconds = batched.warm_up(m, prompt, 64, settings.replace(compiled=True))
     print(f"llama3.2-1b shapes, bf16: compile {seconds:.0f} s ({time.perf_counter() - t0:.0f})")
     results = {}
     for name, s in (("eager", settings), ("compiled", settings.replace(compiled=True))):
-        generate.ntp_generate(m, prompt, s, 64)  # warm
-        out, stats = generate.ntp_generate(m, prompt, s, 64)
+        batched.ntp_generate(m, prompt, s, 64)  # warm
+        out, stats = batched.ntp_generate(m, prompt, s, 64)
         results[name] = out[0]
         speed = stats.tokens[0] / (stats.wall_time - stats.prefill_time)
         print(f"    NTP {name}: {speed:.1f} tokens/s after the prefill", flush=True)

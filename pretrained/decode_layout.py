@@ -19,8 +19,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
-from generate import cxx_compiler
 from model import GPT, Llama, LowRank, add_delta
+from serving.batched import cxx_compiler
 
 WEIGHTS = ("trained", "int8", "int4")  # lay_out_for_decoding's weight formats
 GROUP = 32  # a 4-bit run: GGUF's Q4_1 block, 32 weights of a row with one scale and one minimum

@@ -5,7 +5,7 @@ problem at a time, and one problem decoded step by step (the paper's Figure 2b).
 
 import torch
 
-from generate import format_steps
+from serving.batched import format_steps
 from serving.exact import decode
 from tasks.solve import mode_name, new_tokens, solve
 

@@ -1,7 +1,9 @@
 """
 Decoding for serving: what a batch, a compiled graph or a long run adds to the method, kept apart
-from the reference decoders a student reads (decode.py at the root).
+from the reference decoders a student reads (decode.py at the root), whose rules it calls.
 
+- batched.py: NTP and plain SBD for batches through the static KV cache, eager or compiled
+  (torch.compile, one graph per width), and the step view.
 - exact.py: exact SBD for batches (per-row cache lengths, lockstep forwards), the adaptive block
   size, the draft floor, the step view's checks, and decode(), the entry that sample.py's serving
   path, evaluate.py and the benchmarks call.

@@ -30,10 +30,11 @@ import time
 import torch
 from torch.nn import functional as F
 
-from decode import accept
-from generate import (
+from decode import DecodeStats, accept, prefill, stop_reached
+from sampling import ONE_FORWARD, greedy, reveal_step, suppress_mask
+from sbd import block_predictions, read_at
+from serving.batched import (
     Check,
-    DecodeStats,
     Step,
     check_mask_id,
     check_prompt,
@@ -41,12 +42,8 @@ from generate import (
     new_cache,
     ntp_generate,
     ntp_run,
-    prefill,
     sbd_generate,
-    stop_reached,
 )
-from sampling import ONE_FORWARD, greedy, reveal_step, suppress_mask
-from sbd import block_predictions, read_at
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 

@@ -53,9 +53,9 @@ class LeftPadded(torch.nn.Module):
 
     def __init__(self, model, n_pad):
         super().__init__()
-        # n_pad (B,) on the model's device; decoders put it on their cache (generate.new_cache),
-        # where a compiled step reads it as an input (the module's would be a constant of the
-        # graph: a recompile for every batch)
+        # n_pad (B,) on the model's device; decoders put it on their cache
+        # (serving.batched.new_cache), where a compiled step reads it as an input (the module's
+        # would be a constant of the graph: a recompile for every batch)
         self.model, self.n_pad = model, n_pad
         self.config, self.max_seq_len, self.new_cache = (model.config, model.max_seq_len,
                                                          model.new_cache)

@@ -26,7 +26,7 @@ from test_exact_serving import (
 from test_fast_decode import q4_1_model
 from test_training import RESUME, TINY, read_log, train
 
-import generate
+import decode
 import model as model_lib
 import sbd
 import tiny_models
@@ -35,7 +35,7 @@ from model import attach_adapter
 from pretrained.decode_layout import lay_out_for_decoding
 from sampling import DecodeSettings, settings_for
 from sbd import freeze_base, is_adapter
-from serving import exact
+from serving import batched, exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -143,7 +143,7 @@ def test_cached_block_forward_equals_the_uncached_one(family):
     cache = m.new_cache(2, 16, "cpu", torch.float64)
     with torch.no_grad():
         m(idx[:, :5], cache=cache)
-        cached = generate.hybrid_forward(m, cache, idx[:, 5:], 2)
+        cached = decode.hybrid_forward(m, cache, idx[:, 5:], 2)
         mask = torch.tensor([[j <= i or i >= 7 for j in range(11)] for i in range(11)])
         full, _ = m(idx, mask=mask, block_start=7)
     assert cache.lengths.tolist() == [7, 7]
@@ -181,8 +181,8 @@ def test_plain_sbd_reads_the_adapter(family):
     base, m = adapted(family)
     prompts = tokens(m, 2, 5, seed=4)
     settings = DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9)
-    assert (generate.sbd_generate(m, prompts, settings, 16)[0]
-            != generate.sbd_generate(base, prompts, settings, 16)[0])
+    assert (batched.sbd_generate(m, prompts, settings, 16)[0]
+            != batched.sbd_generate(base, prompts, settings, 16)[0])
 
 
 def test_exact_sampling_with_an_adapter_is_distributed_as_the_bases_ntp():
@@ -249,8 +249,8 @@ def test_int4_layout_keeps_the_adapter():
     ntp, _ = tiny_models.ntp(fast_base, p, 16, mask_id=mask_id_of(fast))
     assert exact.exact_generate(fast, p, settings, 16)[0] == ntp
     plain = DecodeSettings(mask_id=mask_id_of(fast), k=8, gamma=1e9)
-    assert (generate.sbd_generate(fast, p, plain, 16)[0]
-            != generate.sbd_generate(fast_base, p, plain, 16)[0])
+    assert (batched.sbd_generate(fast, p, plain, 16)[0]
+            != batched.sbd_generate(fast_base, p, plain, 16)[0])
 
 
 # -----------------------------------------------------------------------------
@@ -381,10 +381,10 @@ def test_compiled_decoding_with_an_adapter_gives_the_eager_tokens():
     m, base = lay_out_for_decoding(m.float(), torch.float32), base.float()
     p = tokens(m, 2, 5, seed=1)
     plain = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
-    runs = [(generate.ntp_generate, plain), (generate.sbd_generate, plain),
+    runs = [(batched.ntp_generate, plain), (batched.sbd_generate, plain),
             (exact.exact_generate, plain.replace(gamma=1e9, exact=True))]
-    for decode, settings in runs:
-        eager, _ = decode(m, p, settings, 12)
-        compiled, _ = decode(m, p, settings.replace(compiled=True), 12)
-        assert compiled == eager, decode.__name__
+    for run, settings in runs:
+        eager, _ = run(m, p, settings, 12)
+        compiled, _ = run(m, p, settings.replace(compiled=True), 12)
+        assert compiled == eager, run.__name__
     assert compiled == tiny_models.ntp(base, p, 12, mask_id=mask_id_of(m))[0]

@@ -25,15 +25,11 @@ from test_assignments import BLANKS, BY_NUMBER, ROOT, course, handout
 # entropy) are left to test_assignments.py's line check.
 RUN = 16
 SHARED = {  # (blanked body, unit of the handout): why the run they share is not a solution
-    ("generate.py:sbd_generate", "generate.py:ntp_generate"):
-        "the decoders' common start: check the prompt, make the cache, prefill, the stop ids",
-    ("generate.py:sbd_generate", "serving/exact.py:exact_generate"):
-        "the decoders' common start: check the mask id and the prompt, make the cache, prefill",
     ("decode.py:sbd", "decode.py:ntp"):
         "the reference decoders' common start: the clock, the cache, the prefill, the loop",
     ("decode.py:sbd", "decode.py:exact"):
         "the reference decoders' common start: the clock, the cache, the prefill, the loop",
-    ("decode.py:fill", "generate.py:ntp_generate"): "the stop ids as a tensor on the device",
+    ("decode.py:fill", "serving/batched.py:ntp_generate"): "the stop ids as a tensor on the device",
 }
 
 
@@ -196,11 +192,11 @@ def test_the_structural_check_finds_a_renamed_copy(tmp_path):
     found = structural_leaks(tmp_path, BLANKS, ["planted.py"])
     assert {f.split(": in ")[0] for f in found} == {function for function, _ in copies}
     assert all(": in planted.py:helper_" in f for f in found), found
-    decode_block = next(code for function, code in copies if function.endswith(":decode_block"))
+    fill = next(code for function, code in copies if function.endswith(":fill"))
     notes = "notes" + ".md"  # (spelled apart: test_repository.py reads ".md" names as references)
-    (tmp_path / notes).write_text(f"A loop:\n\n```python\n{decode_block}\n```\n")
+    (tmp_path / notes).write_text(f"A loop:\n\n```python\n{fill}\n```\n")
     found = structural_leaks(tmp_path, [5], [notes])
-    assert found == [f"generate.py:decode_block: in {notes}:code span 0"], found
+    assert found == [f"decode.py:fill: in {notes}:code span 0"], found
 
 
 def test_the_check_finds_a_hidden_reference_in_a_handouts_tests(tmp_path):

@@ -22,7 +22,6 @@ from test_assignments import (
 )
 
 import decode
-import generate
 import model as model_lib
 import sampling
 import sbd
@@ -150,15 +149,15 @@ def answer_5_3():  # exact mode: drafts [5, 9, 2, 7], NTP's argmaxes [5, 9, 3, 7
 def answer_5_4():  # cache.length after each forward: prompt of 6, k = 4, blocks in 3 and 2
     m = random_model("gpt-tiny")
     prompt = torch.randint(0, 60, (1, 6), generator=torch.Generator().manual_seed(0))
-    cache = generate.new_cache(m, prompt, 8)
-    prev, _ = generate.prefill(m, prompt, cache)
+    cache = decode.new_cache(m, prompt, 8)
+    prev, _ = decode.prefill(m, prompt, cache)
     block, lengths = torch.full((1, 4), 63), []
     with torch.no_grad():
         for forwards in (3, 2):
-            generate.hybrid_forward(m, cache, torch.cat([prev, block], dim=1), prev.size(1))
+            decode.hybrid_forward(m, cache, torch.cat([prev, block], dim=1), prev.size(1))
             lengths.append(cache.length)
             for _ in range(forwards - 1):
-                generate.hybrid_forward(m, cache, block, 0)
+                decode.hybrid_forward(m, cache, block, 0)
                 lengths.append(cache.length)
             prev = block
     return lengths

@@ -658,19 +658,10 @@ def shape_example(name):
             dict(probs=probs, is_masked=is_masked, gamma=0.5), {}),
         "sampling.py:reveal_left": lambda: (dict(probs=probs, is_masked=is_masked, gamma=0.5), {}),
         "sampling.py:reveal_factor": lambda: (dict(probs=probs, is_masked=is_masked, f=1.0), {}),
-        "generate.py:hybrid_forward": lambda: (
+        "decode.py:hybrid_forward": lambda: (
             dict(model=gpt, cache=cache_after_prompt(),
                  tokens=torch.cat([prompt[:, -1:], torch.full((2, 5), 63)], dim=1), n_commit=1),
             dict(V=gpt.config.vocab_size)),
-        "generate.py:block_forward": lambda: (
-            dict(model=gpt, cache=cache_after_prompt(), prev=prompt[:, -1:],
-                 block=torch.full((2, 5), 63)), dict(V=gpt.config.vocab_size)),
-        "generate.py:decode_block": lambda: (
-            dict(model=gpt, cache=cache_after_prompt(), prev=prompt[:, -1:], kb=5,
-                 active=torch.ones(2, dtype=torch.bool), settings=settings,
-                 stop=torch.tensor([0])), {}),
-        "generate.py:sbd_generate": lambda: (
-            dict(model=gpt, prompt=prompt, settings=settings, max_new_tokens=8), {}),
         "decode.py:fill": lambda: (
             dict(model=gpt, cache=gpt.new_cache(1, 20, "cpu"), block=torch.full((1, 5), 63),
                  logits=torch.randn(1, 5, 64, generator=g),

@@ -16,14 +16,14 @@ import sys
 import pytest
 import torch
 
-import generate
+import decode
 import model as model_lib
 import sampling
 import sampling as settings_lib
 import tiny_models
 from model import dense_mask
 from sbd import hybrid_mask
-from serving import exact
+from serving import batched, exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 # moderate for these random models: 1-4 reveals per forward
@@ -100,12 +100,12 @@ def test_a_model_trained_without_the_ntp_term_decodes_without_its_ntp_head():
 def test_batch_equals_each_row_alone(family):
     m = random_model(family, seed=1)
     prompts = random_prompts(m, 4, 6, seed=1)
-    plain, _ = generate.sbd_generate(m, prompts, decode_settings(m, k=8, gamma=GAMMA[family]), 24)
+    plain, _ = batched.sbd_generate(m, prompts, decode_settings(m, k=8, gamma=GAMMA[family]), 24)
     stop = [plain[1][10]]  # a token row 1 really emits, so at least one row stops early
     settings = decode_settings(m, k=8, gamma=GAMMA[family], stop_ids=stop)
-    tokens, stats = generate.sbd_generate(m, prompts, settings, 24)
+    tokens, stats = batched.sbd_generate(m, prompts, settings, 24)
     for b in range(4):
-        alone, alone_stats = generate.sbd_generate(m, prompts[b:b + 1], settings, 24)
+        alone, alone_stats = batched.sbd_generate(m, prompts[b:b + 1], settings, 24)
         assert tokens[b] == alone[0] and stats.nfe[b] == alone_stats.nfe[0], (
             f"row {b}: in a batch a row gets the tokens and forward count it gets alone")
     ntp_tokens, ntp_stats = tiny_models.ntp(m, prompts, 24, stop_ids=stop)
@@ -119,10 +119,10 @@ def test_row_stops_without_waiting_for_the_rest_of_its_block():
     it."""
     m = random_model("gpt-tiny", seed=2)
     prompt = random_prompts(m, 1, 5, seed=2)
-    plain, _ = generate.sbd_generate(m, prompt, decode_settings(m, k=16, gamma=1.5), 16)
+    plain, _ = batched.sbd_generate(m, prompt, decode_settings(m, k=16, gamma=1.5), 16)
     stop = plain[0][2]
     settings = decode_settings(m, k=16, gamma=1.5, stop_ids=[stop])
-    tokens, stats = generate.sbd_generate(m, prompt, settings, 16, record_steps=True)
+    tokens, stats = batched.sbd_generate(m, prompt, settings, 16, record_steps=True)
     assert tokens[0] == plain[0][:plain[0].index(stop) + 1]
     last = stats.steps[-1]
     assert (last.tokens[0] == mask_id_of(m)).any(), "the row went on revealing after its stop token"
@@ -164,7 +164,7 @@ def test_mask_token_never_in_output(family, temperature):
     assert (logits.argmax(-1) == mask_id).all(), "the test model must prefer the mask token"
     g = torch.Generator().manual_seed(0)
     settings = decode_settings(m, k=4, gamma=1.0, temperature=temperature, top_k=5)
-    tokens, _ = generate.sbd_generate(m, prompts, settings, 12, generator=g)
+    tokens, _ = batched.sbd_generate(m, prompts, settings, 12, generator=g)
     ntp_tokens, _ = tiny_models.ntp(m, prompts, 12, temperature=temperature, generator=g,
                                           mask_id=mask_id)
     for row in tokens + ntp_tokens:
@@ -175,7 +175,7 @@ def test_mask_token_never_in_output(family, temperature):
 def test_max_new_tokens_not_a_multiple_of_k():
     m = random_model("gpt-tiny")
     prompts = random_prompts(m, 2, 3)
-    tokens, stats = generate.sbd_generate(m, prompts, decode_settings(m, k=16, gamma=1.5), 21,
+    tokens, stats = batched.sbd_generate(m, prompts, decode_settings(m, k=16, gamma=1.5), 21,
                                           record_steps=True)
     assert [len(t) for t in tokens] == [21, 21] and stats.tokens == [21, 21], (
         "blocks of k until max_new_tokens, never past it")
@@ -185,7 +185,7 @@ def test_max_new_tokens_not_a_multiple_of_k():
 
 def test_stats_add_up():
     m = random_model("gpt-tiny")
-    tokens, stats = generate.sbd_generate(m, random_prompts(m, 2, 3),
+    tokens, stats = batched.sbd_generate(m, random_prompts(m, 2, 3),
                                           decode_settings(m, k=8, gamma=1.5), 16, record_steps=True)
     assert len(stats.steps) == max(stats.nfe), "one Step per forward of the batch"
     assert stats.tokens_per_forward == [t / n for t, n in zip(stats.tokens, stats.nfe)]
@@ -220,7 +220,7 @@ def test_sbd_errors(kwargs, message, decoder):
     fields = dict(k=16, gamma=0.5, mask_id=63)
     for name in list(kwargs):
         (args if name in args else fields)[name] = kwargs[name]
-    run = exact.exact_generate if decoder == "exact" else generate.sbd_generate
+    run = exact.exact_generate if decoder == "exact" else batched.sbd_generate
     with pytest.raises(ValueError, match=message):
         run(m, args["prompt"], sampling.DecodeSettings(**fields), args["max_new_tokens"])
 
@@ -360,5 +360,5 @@ def test_stop_reached_by_hand():
                               [False, True, True],  # stop first: finished
                               [False, False, False],  # no stop token
                               [False, True, False]])  # stop at 2 behind a mask
-    got = generate.stop_reached(block, is_masked, torch.tensor([0])).tolist()
+    got = decode.stop_reached(block, is_masked, torch.tensor([0])).tolist()
     assert got == [True, False, True, False, False]

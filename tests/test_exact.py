@@ -15,10 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import generate
 import sampling
 import tiny_models
-from serving import exact
+from serving import batched, exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -230,7 +229,7 @@ def test_exact_step_view_marks_rejections():
     settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True)
     _, stats = exact.exact_generate(m, prompt, settings, 20, record_steps=True)
     letters = lambda ids: "".join(chr(65 + i % 26) for i in ids)
-    text = generate.format_steps(stats.steps, letters, mask_id_of(m))
+    text = batched.format_steps(stats.steps, letters, mask_id_of(m))
     assert len(text.splitlines()) == stats.nfe[0]
     assert "~" in text and "{" in text and "checks tokens" in text
 

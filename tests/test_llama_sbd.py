@@ -17,7 +17,6 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-import generate
 import sampling
 import sbd
 import tiny_models
@@ -32,6 +31,7 @@ from model import (
 from pretrained.load_llama import config_from_hf, init_mask_embedding, write_safetensors
 from pretrained.loading import load_pretrained
 from sbd import is_adapter
+from serving import batched
 from tasks import JsonlTask
 from test_llama_io import tiny_config_json, to_hf
 
@@ -267,10 +267,10 @@ def test_train_py_fine_tunes_a_tiny_llama(files, tmp_path, layout):
     logits, _ = model(torch.tensor([prompt]))
     assert (logits.argmax(-1) == MASK).all()  # the unsuppressed favourite everywhere
     settings = sampling.DecodeSettings(mask_id=MASK, k=4, gamma=0.5, stop_ids=[EOT])
-    out, _ = generate.sbd_generate(model, [prompt], settings, 12)
+    out, _ = batched.sbd_generate(model, [prompt], settings, 12)
     assert len(out[0]) > 0 and MASK not in out[0]
     settings = sampling.DecodeSettings(mask_id=MASK, k=4, gamma=0.5, temperature=1.0)
-    out, _ = generate.sbd_generate(model, [prompt], settings, 12,
+    out, _ = batched.sbd_generate(model, [prompt], settings, 12,
                                    generator=torch.Generator().manual_seed(0))
     assert MASK not in out[0]
     out, _ = tiny_models.ntp(model, [prompt], 12, mask_id=MASK)

@@ -3,11 +3,10 @@ wall time, counts what it should, and leaves every wrapped function as it found 
 
 import torch
 
-import generate
 import model as model_lib
 from bench.profile import TARGETS, Probe, profile_mode
 from sampling import DecodeSettings
-from serving import exact
+from serving import batched, exact
 from tiny_models import random_model
 
 
@@ -29,7 +28,7 @@ def test_profile_adds_up_and_restores_what_it_wraps():
     assert rows["ntp"]["ops"].get("masks", 0) <= 6
     assert [(owner, name, owner.__dict__.get(name)) for owner, name, _ in TARGETS] == originals
     assert type(m).__dict__.get("__call__") is call
-    assert generate.prefill.__module__ == exact.prefill.__module__ == "generate"
+    assert batched.prefill.__module__ == exact.prefill.__module__ == "decode"
     assert model_lib.KVCache.extend.__qualname__ == "KVCache.extend"
 
 

@@ -1,5 +1,5 @@
 """
-decode.py, the reference decoders for one prompt, against the serving decoders (generate.py,
+decode.py, the reference decoders for one prompt, against the serving decoders (serving/batched.py,
 serving/exact.py) at batch 1: the same tokens, the same forwards (count and width of each) and, for
 exact SBD, the same drafts kept and rejected; sampled decodes with the same generator seed make the
 same draws. Models are in float32, tiny random ones and tests/data/old_sbd.pt (a tiny trained
@@ -17,12 +17,11 @@ import torch
 from test_exact import ScriptedDrafts
 
 import decode
-import generate
 import sampling
 import tiny_models
 from model import attach_adapter, load_checkpoint
 from sbd import is_adapter
-from serving import exact
+from serving import batched, exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 GAMMA = {"gpt-tiny": 1.5, "llama-tiny": 2.0}  # 1-4 reveals per forward (tests/test_decoding.py)
@@ -83,7 +82,7 @@ def test_ntp_is_servings(family, temperature):
         for stop_ids in ([], [stop]):
             settings = sampling.DecodeSettings(mask_id=mask_id_of(m), stop_ids=stop_ids,
                                                temperature=temperature, top_k=20)
-            assert_same(*both(decode.ntp, generate.ntp_generate, m, prompt, settings, 24, seed=p))
+            assert_same(*both(decode.ntp, batched.ntp_generate, m, prompt, settings, 24, seed=p))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -93,7 +92,7 @@ def test_plain_sbd_is_servings(family, token_shift):
     grid = ((1, 0.0, "entropy"), (4, GAMMA[family], "entropy"), (8, GAMMA[family], "confidence"),
             (8, 0.5, "factor"), (16, 0.0, "left"), (16, 1e9, "entropy"))
     for prompt, settings in greedy_cases(m, grid, token_shift=token_shift):
-        assert_same(*both(decode.sbd, generate.sbd_generate, m, prompt, settings, 21))
+        assert_same(*both(decode.sbd, batched.sbd_generate, m, prompt, settings, 21))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -105,7 +104,7 @@ def test_plain_sbd_sampled_and_without_the_ntp_term_is_servings(family):
         settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=GAMMA[family],
                                            stop_ids=[stop], **fields)
         for seed in range(3):
-            assert_same(*both(decode.sbd, generate.sbd_generate, m, prompt, settings, 20, seed))
+            assert_same(*both(decode.sbd, batched.sbd_generate, m, prompt, settings, 20, seed))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -171,10 +170,10 @@ def trained():
 
 def test_a_trained_model_decodes_as_serving_does():
     m, checkpoint, prompts = trained()
-    runs = [(decode.ntp, generate.ntp_generate, dict(gamma=0.0)),
-            (decode.sbd, generate.sbd_generate, dict(k=8, gamma=0.1)),
-            (decode.sbd, generate.sbd_generate, dict(k=16, gamma=1e9)),
-            (decode.sbd, generate.sbd_generate, dict(k=8, gamma=0.1, temperature=1.0)),
+    runs = [(decode.ntp, batched.ntp_generate, dict(gamma=0.0)),
+            (decode.sbd, batched.sbd_generate, dict(k=8, gamma=0.1)),
+            (decode.sbd, batched.sbd_generate, dict(k=16, gamma=1e9)),
+            (decode.sbd, batched.sbd_generate, dict(k=8, gamma=0.1, temperature=1.0)),
             (decode.exact, exact.exact_generate, dict(k=8, gamma=1e9, exact=True)),
             (decode.exact, exact.exact_generate, dict(k=16, gamma=0.1, exact=True)),
             (decode.exact, exact.exact_generate, dict(k=8, gamma=0.1, exact=True,

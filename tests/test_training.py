@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-import generate
+import decode
 import model as model_lib
 import sbd
 from model import IGNORE_INDEX
@@ -196,7 +196,7 @@ def blocks_of(L, k, phase):
 @pytest.mark.parametrize("k", [4, 5])
 def test_training_forward_equals_decoding_forward(family, k):
     """Noisy block [s, e) of the 2L training forward == decoding: x[:s] in the KV cache, then the
-    block x̂[s:e] on top (generate.block_forward: hybrid mask, n_commit=0); and the same with
+    block x̂[s:e] on top (decode.hybrid_forward: hybrid mask, n_commit=0); and the same with
     x[s-1] committed in the block's forward, as the first forward of a decoded block does."""
     m = random_model(family)
     B, L, mask_id = 3, 14, m.config.vocab_size - 1
@@ -215,15 +215,15 @@ def test_training_forward_equals_decoding_forward(family, k):
                 cache = m.new_cache(1, L, "cpu")
                 if s > 0:
                     m(x[b:b + 1, :s], cache=cache)
-                _, got = generate.block_forward(m, cache, x[b:b + 1, :0], noisy[b:b + 1, s:e])
+                got = decode.hybrid_forward(m, cache, noisy[b:b + 1, s:e], 0)
                 assert (got - expected).abs().max() <= 1e-5, (
                     f"row {b} (phase {phase}), block {s}..{e}")
                 if s > 0:
                     cache = m.new_cache(1, L, "cpu")
                     if s > 1:
                         m(x[b:b + 1, :s - 1], cache=cache)
-                    _, got = generate.block_forward(m, cache, x[b:b + 1, s - 1:s],
-                                                    noisy[b:b + 1, s:e])
+                    tokens = torch.cat([x[b:b + 1, s - 1:s], noisy[b:b + 1, s:e]], dim=1)
+                    got = decode.hybrid_forward(m, cache, tokens, 1)[:, 1:]
                     assert (got - expected).abs().max() <= 1e-5, (
                         f"row {b}, block {s}..{e}, committing x[s-1]")
         # the clean half is plain next-token prediction

@@ -18,10 +18,10 @@ def random_model(family, seed=0, std=0.1, dtype=torch.float32):
 
 def ntp(model, prompt, max_new_tokens, stop_ids=(), temperature=0.0, top_k=None, generator=None,
         mask_id=None, top_p=None):
-    """generate.ntp_generate with its settings record built from loose arguments."""
-    import generate
+    """serving.batched.ntp_generate with its settings record built from loose arguments."""
     from sampling import DecodeSettings
+    from serving import batched
 
     settings = DecodeSettings(mask_id=mask_id, stop_ids=tuple(stop_ids), temperature=temperature,
                               top_k=top_k, top_p=top_p)
-    return generate.ntp_generate(model, prompt, settings, max_new_tokens, generator)
+    return batched.ntp_generate(model, prompt, settings, max_new_tokens, generator)

@@ -18,9 +18,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-import generate  # noqa: E402
 from model import load_checkpoint  # noqa: E402
 from sampling import settings_for  # noqa: E402
+from serving import batched  # noqa: E402
 from serving.exact import exact_generate  # noqa: E402
 
 # six test prompts of data/addition, right-aligned as in training (ids of the checkpoint's chars)
@@ -49,7 +49,7 @@ def decode_all(model, checkpoint):
     out = {}
     for name, (decoder, args) in RUNS.items():
         settings = settings_for(checkpoint, **args)
-        run = dict(ntp=generate.ntp_generate, sbd=generate.sbd_generate, exact=exact_generate)
+        run = dict(ntp=batched.ntp_generate, sbd=batched.sbd_generate, exact=exact_generate)
         generator = torch.Generator().manual_seed(7)
         out[name], _ = run[decoder](model, prompts, settings, 59, generator)
     return out

@@ -14,13 +14,12 @@ import pytest
 import torch
 from test_assignment_5 import AlwaysRight
 
-import generate
 import sampling
 import sbd
 import tiny_models
 from model import IGNORE_INDEX, dense_mask
 from sbd import hybrid_mask
-from serving import exact
+from serving import batched, exact
 from test_decoding import FAMILIES, GAMMA, decode_settings, mask_id_of, random_model, random_prompts
 
 
@@ -64,7 +63,7 @@ def test_a_next_token_drafter_drafts_every_token_right(family):
     for b in range(2):
         # block slots predict the token of the NEXT position, as every causal slot does
         drafter = AlwaysRight(m, [(prompt[b].tolist() + ntp[b])[1:] + [0] * (2 * k + 2)])
-        tokens, stats = generate.sbd_generate(drafter, prompt[b:b + 1], shifted, n)
+        tokens, stats = batched.sbd_generate(drafter, prompt[b:b + 1], shifted, n)
         wrong = sum(t != u for t, u in zip(tokens[0], ntp[b]))
         assert tokens[0] == ntp[b] and stats.nfe == [n // k], (
             f"row {b}: a model whose every slot predicts the next token, the alignment of a "
@@ -116,7 +115,7 @@ def test_cached_decoding_equals_uncached(family, k):
     m = random_model(family)
     prompts = random_prompts(m, 3, 5, seed=k)
     settings = decode_settings(m, k=k, gamma=GAMMA[family], token_shift=True)
-    tokens, stats = generate.sbd_generate(m, prompts, settings, 22)
+    tokens, stats = batched.sbd_generate(m, prompts, settings, 22)
     if k > 2:  # the test can fail: γ lets several positions be revealed in one forward
         assert sum(stats.nfe) < 22 * 3
     for b in range(3):

@@ -12,11 +12,11 @@ solution, so it stays out of the handout; the handout's own tests check properti
 import pytest
 import torch
 
-import generate
 import sampling
 import tiny_models
 from model import dense_mask
 from sbd import hybrid_mask
+from serving import batched
 from test_decoding import (
     FAMILIES,
     GAMMA,
@@ -101,7 +101,7 @@ def forwards_of_row(stats, b):
 def test_cached_sbd_equals_uncached(family, k, B):
     m = random_model(family)
     prompts = random_prompts(m, B, 5, seed=k)
-    tokens, stats = generate.sbd_generate(m, prompts, decode_settings(m, k=k, gamma=GAMMA[family]),
+    tokens, stats = batched.sbd_generate(m, prompts, decode_settings(m, k=k, gamma=GAMMA[family]),
                                           22, record_steps=True)
     for b in range(B):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, GAMMA[family],
@@ -124,9 +124,9 @@ def test_paper_first_slot_cached_equals_uncached(family, B):
     m = random_model(family)
     prompts = random_prompts(m, B, 5, seed=7)
     settings = decode_settings(m, k=4, gamma=GAMMA[family])
-    tokens, stats = generate.sbd_generate(m, prompts, settings.replace(first_from_ntp=False), 22,
+    tokens, stats = batched.sbd_generate(m, prompts, settings.replace(first_from_ntp=False), 22,
                                           record_steps=True)
-    default, _ = generate.sbd_generate(m, prompts, settings, 22)
+    default, _ = batched.sbd_generate(m, prompts, settings, 22)
     for b in range(B):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 4, GAMMA[family],
                                                  "entropy", 22, first_from_ntp=False)
@@ -141,7 +141,7 @@ def test_other_rules_cached_equal_uncached(rule):
     prompts = random_prompts(m, 2, 4)
     threshold = {"confidence": 1.5, "factor": 1.0}[rule]
     settings = decode_settings(m, k=8, gamma=threshold, rule=rule)
-    tokens, stats = generate.sbd_generate(m, prompts, settings, 20, record_steps=True)
+    tokens, stats = batched.sbd_generate(m, prompts, settings, 20, record_steps=True)
     for b in range(2):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), 8, threshold, rule, 20)
         assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards, (
@@ -151,7 +151,7 @@ def test_other_rules_cached_equal_uncached(rule):
 def test_one_token_prompt_has_no_prefill():
     m = random_model("llama-tiny")
     prompt = random_prompts(m, 1, 1)
-    tokens, stats = generate.sbd_generate(m, prompt, decode_settings(m, k=4, gamma=2.0), 9)
+    tokens, stats = batched.sbd_generate(m, prompt, decode_settings(m, k=4, gamma=2.0), 9)
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 4, 2.0, "entropy", 9)[0]
     assert stats.prefill_forwards == 0 and stats.tokens == [9]
     assert tiny_models.ntp(m, prompt, 5)[1].prefill_forwards == 0
@@ -178,7 +178,7 @@ def test_reference_catches_a_cache_that_keeps_block_keys():
     prompt = random_prompts(m, 1, 5)
     expected = reference_sbd(m, prompt[0].tolist(), 4, 1.5, "entropy", 16)[0]
     try:
-        tokens, _ = generate.sbd_generate(CommitsEverything(m), prompt,
+        tokens, _ = batched.sbd_generate(CommitsEverything(m), prompt,
                                           decode_settings(m, k=4, gamma=1.5), 16)
     except ValueError:  # or it runs out of cache/context first
         return
@@ -189,10 +189,10 @@ def test_reference_catches_a_cache_that_keeps_block_keys():
 def test_stop_token_ends_rows_early_and_truncates(k):
     m = random_model("gpt-tiny", seed=2)
     prompts = random_prompts(m, 3, 5, seed=2)
-    plain, plain_stats = generate.sbd_generate(m, prompts, decode_settings(m, k=k, gamma=1.5), 30)
+    plain, plain_stats = batched.sbd_generate(m, prompts, decode_settings(m, k=k, gamma=1.5), 30)
     stop = plain[0][13]
     settings = decode_settings(m, k=k, gamma=1.5, stop_ids=[stop])
-    tokens, stats = generate.sbd_generate(m, prompts, settings, 30, record_steps=True)
+    tokens, stats = batched.sbd_generate(m, prompts, settings, 30, record_steps=True)
     for b in range(3):
         # stopping changes nothing before the stop token: the text is just cut there
         if stop in plain[b]:
@@ -211,7 +211,7 @@ def test_decoding_may_fill_the_whole_context():
     """prompt + max_new_tokens == the model's context works: the last block is cut to fit."""
     m = random_model("gpt-tiny")
     prompt = random_prompts(m, 1, 5)
-    tokens, _ = generate.sbd_generate(m, prompt, decode_settings(m, k=16, gamma=1.5), 59)
+    tokens, _ = batched.sbd_generate(m, prompt, decode_settings(m, k=16, gamma=1.5), 59)
     assert tokens[0] == reference_sbd(m, prompt[0].tolist(), 16, 1.5, "entropy", 59)[0], (
         "prompt + max_new_tokens fill the context: the cache holds exactly that, the last block "
         "is cut to fit")

@@ -6,9 +6,9 @@ import torch
 from test_hidden_decoding import forwards_of_row, reference_sbd
 from test_qwen3 import random_qwen3
 
-import generate
 import sampling
 import tiny_models
+from serving import batched
 from test_decoding import reference_ntp
 
 
@@ -17,7 +17,7 @@ def test_cached_sbd_equals_uncached_on_qwen3(k):
     m = random_qwen3()
     prompts = torch.randint(0, 63, (2, 5), generator=torch.Generator().manual_seed(k))
     settings = sampling.DecodeSettings(mask_id=63, k=k, gamma=2.0)
-    tokens, stats = generate.sbd_generate(m, prompts, settings, 22, record_steps=True)
+    tokens, stats = batched.sbd_generate(m, prompts, settings, 22, record_steps=True)
     for b in range(2):
         ref_tokens, ref_forwards = reference_sbd(m, prompts[b].tolist(), k, 2.0, "entropy", 22)
         assert tokens[b] == ref_tokens and forwards_of_row(stats, b) == ref_forwards

@@ -1,11 +1,11 @@
 """
-Decoding batches through the KV cache: next-token decoding (NTP, the baseline) and Set Block
-Decoding (the paper's Algorithms 2-3; docs/method.md, Inference), eager or compiled. decode.py is
-the same method for one prompt on one screen; exact SBD for batches, which checks every drafted
-token against NTP, builds on these pieces in serving/exact.py.
+Decoding batches for serving: next-token decoding (NTP, the baseline) and Set Block Decoding (the
+paper's Algorithms 2-3; docs/method.md, Inference), eager or compiled through a static KV cache,
+and the step view. The method's rules (the hybrid forward, the block's first token, when a row
+stops) are decode.py's, called here; decode.py decodes one prompt with them on one screen.
 
-Both decoders share one convention, so that their forward counts and timings compare like with
-like: prompt[:-1] is prefilled causally into the KV cache (one forward, counted apart as the
+Both decoders share decode.py's convention, so that their forward counts and timings compare like
+with like: prompt[:-1] is prefilled causally into the KV cache (one forward, counted apart as the
 prefill), and the last prompt token stays "pending": the first decode forward feeds it, as every
 later forward feeds the newest tokens.
 
@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from configurator import ConfigError
+from decode import DecodeStats, hybrid_forward, prefill, reveal_first, stop_reached, synchronize
 from sampling import next_token, reveal_step
-from sbd import block_predictions, cache_mask
+from sbd import block_predictions
 
 # -----------------------------------------------------------------------------
-# what a decode returns besides the tokens
+# the step view's records (a decode's stats are decode.DecodeStats)
 
 
 @dataclass
@@ -50,33 +50,8 @@ class Check:
     correction: int | None  # NTP's token in place of the first wrong draft (None: all right)
 
 
-@dataclass
-class DecodeStats:
-    """What one decode cost, per batch row. Counts include the stop token: it was generated too."""
-
-    nfe: list  # decode forwards per row: forwards in which the row still had tokens to produce
-    tokens: list  # tokens generated per row, up to and including the first stop token
-    widths: list  # tokens fed per row by each decode forward of the batch (bench/ times them)
-    prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0: 1-token prompt)
-    prefill_time: float  # seconds of the prefill
-    wall_time: float  # seconds of the whole decode, prefill included
-    steps: list = None  # record_steps: one Step per decode forward
-    # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
-    # rejected, forwards that only checked a row's last block, drafts never checked (too unsure)
-    accepted: list = None
-    rejected: list = None
-    wasted_forwards: list = None
-    final_checks: list = None
-    unchecked: list = None
-
-    @property
-    def tokens_per_forward(self):
-        """Per row: tokens / decode forwards (1.0 for NTP; the NFE speed-up for SBD)."""
-        return [t / max(n, 1) for t, n in zip(self.tokens, self.nfe)]
-
-
 # -----------------------------------------------------------------------------
-# shared steps: checks, prefill, cutting at the stop token
+# shared steps: checks, the static cache
 
 
 def check_prompt(model, prompt, n_slots):
@@ -106,19 +81,6 @@ def check_mask_id(model, settings):
     if settings.mask_id is None or not 0 <= settings.mask_id < vocab_size:
         raise ValueError(f"mask id {settings.mask_id} is outside the model's vocabulary of "
                          f"{vocab_size} tokens")
-
-
-def prefill(model, prompt, cache):
-    """Write prompt[:-1] into the fresh KV cache with one causal forward.
-
-    Returns (pending (B, 1) = the last prompt token, dict(prefill_forwards, prefill_time)).
-    """
-    t0 = time.perf_counter()
-    if prompt.size(1) > 1:
-        model(prompt[:, :-1], cache=cache)  # eager: a width that runs once per decode
-    synchronize(prompt.device)
-    info = dict(prefill_forwards=int(prompt.size(1) > 1), prefill_time=time.perf_counter() - t0)
-    return prompt[:, -1:], info
 
 
 def new_cache(model, prompt, n_slots, settings=None):
@@ -151,7 +113,7 @@ CACHES = {}  # compiled decoding's caches, by (model, batch size, slots, dtype, 
 
 
 # -----------------------------------------------------------------------------
-# the decode step: hybrid_forward (below) on the static cache, eager or compiled
+# the decode step: decode.hybrid_forward on the static cache, eager or compiled
 
 
 def decode_forward(model, cache, tokens, n_commit, n_real=None):
@@ -218,14 +180,6 @@ def check_compiler(device_type):
                           "(apt-get install g++, or set CXX); or decode eagerly: compile=False")
 
 
-def synchronize(device):
-    """Wait for the accelerator, so that a wall-clock reading includes the work queued on it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def finish(out, stop, nfe, widths, prefill_info, t0, steps=None):
     """Cut each row of out (B, N) after its first stop token -> (token lists, DecodeStats)."""
     is_stop = torch.isin(out, stop)  # (B, N)
@@ -278,28 +232,6 @@ def ntp_run(model, cache, pending, settings, stop, n, generator=None):
 # set block decoding (Algorithms 2 and 3)
 
 
-def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
-    """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
-
-    The first n_commit tokens are processed causally and committed to the cache; the next, up to
-    n_real (default T), are a block whose slots attend to the whole prefix and to each other
-    (hybrid_mask) and are never committed; any after n_real are padding that no real token sees
-    (sbd.cache_mask). n_commit and n_real: ints, or (B,) tensors, a value per row. Each row's
-    tokens go to its next slots (cache.lengths), and a token's position is its slot (padding: 0).
-    Every decoding forward is this one function (decode_forward), eager or compiled: tensors of
-    fixed shapes per T, so torch.compile makes one graph of it per width (compiled_step).
-    """
-    T = tokens.size(1)
-    n_real = T if n_real is None else n_real
-    q = cache.next_slots(T)  # (B, T): the slots
-    start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
-    end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
-    mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
-    pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
-    return model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit,
-                 block_start=start[..., 0])[0]  # (B, 1): a block adapter reads from there on
-
-
 def block_forward(model, cache, prev, block):
     """One SBD forward -> (causal logits of prev (B, n_prev, V), block logits (B, kb, V)).
 
@@ -311,25 +243,6 @@ def block_forward(model, cache, prev, block):
     n_prev = prev.size(1)
     logits = decode_forward(model, cache, torch.cat([prev, block], dim=1), n_prev)  # (B, T, V)
     return logits[:, :n_prev], logits[:, n_prev:]
-
-
-def stop_reached(block, is_masked, stop):
-    """(B,) bool: rows whose block holds a stop token with every position up to it revealed.
-
-    Such a row is finished: what follows its stop token is cut anyway, so waiting for those
-    positions would only waste forwards (the stop token is often revealed first).
-    """
-    prefix_revealed = is_masked.cumsum(dim=1) == 0  # (B, kb): no mask at or before the slot
-    return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
-
-
-def reveal_first(block, is_masked, causal, settings, generator=None):
-    """Slot 0 of a new block gets the token NTP decoding would emit there: the committed prefix's
-    last causal logit predicts exactly that position, and the block's first forward computes it.
-    It costs none of the reveal rule's budget. -> (new block, is_masked, revealed (B, kb) bool)"""
-    revealed = F.pad(is_masked[:, :1], (0, block.size(1) - 1))  # (B, kb): slot 0 where masked
-    first = next_token(causal[:, -1], settings, generator)  # (B,)
-    return torch.where(revealed, first[:, None], block), is_masked & ~revealed, revealed
 
 
 def decode_block(model, cache, prev, kb, active, settings, stop, generator=None):
