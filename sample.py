@@ -15,11 +15,11 @@ line with the tokens, decode forwards (NFE) and wall clock of SBD against NTP de
 prompt, both through the KV cache and both after a prefill of the prompt that is not counted, and
 each decode's tokens/s after the prefill.
 
-The decoders are decode.py's, one function each on one screen. What only serving's decoders do
-takes serving's path (serving.exact.decode, the same tokens): compiled graphs, int8/int4 weights,
-the step view (--show_steps), adaptive blocks and the draft floor.
+The decoders are decode.py's, one function each on one screen, on the model as trained. What
+only serving's decoders do takes serving's path (serving.exact.decode, the same tokens): compiled
+graphs, int8/int4 weights, the step view (--show_steps), adaptive blocks and the draft floor.
 
-Fast decoding (docs/fast_decoding.md): the weights are laid out once for decoding
+Fast decoding (docs/fast_decoding.md), serving's path: the weights are laid out once for decoding
 (pretrained/decode_layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's
 own 4-bit blocks), and --compile=True runs every forward through torch.compile's graphs, one per
 width (the compile time is printed; a second run finds them in inductor's cache). 'auto' picks
@@ -120,9 +120,19 @@ four_bit = four_bit_blocks(init_from or checkpoint)  # did the weights come with
 # and quantizing them again would decode another model than the one trained
 compile, weights = fastest_setup(model, "auto" if compile is None else compile, weights,
                                  four_bit and bool(init_from))
-model = lay_out_for_decoding(model, next(model.parameters()).dtype, weights, quantized_rows,
-                             four_bit)
 settings = settings.replace(compiled=compile)
+# the decoders: decode.py's on the model as trained, or serving's where a setting needs them (the
+# same tokens), on the weights laid out for decoding once
+serving = (compile or weights != "trained" or show_steps or settings.adaptive
+           or settings.min_draft_prob)
+if serving:
+    model = lay_out_for_decoding(model, next(model.parameters()).dtype, weights, quantized_rows,
+                                 four_bit)
+    decode_sbd = functools.partial(serving_decode, record_steps=show_steps)
+    decode_ntp = functools.partial(serving_decode, ntp=True)
+else:
+    decode_sbd = reference.exact if settings.exact else reference.sbd
+    decode_ntp = reference.ntp
 print(f"decoding: {weights} weights ({next(model.parameters()).dtype}), "
       + ("compiled" if compile else "eager"))
 
@@ -152,14 +162,6 @@ if max_new_tokens > room:
     print(f"max_new_tokens {max_new_tokens} -> {room}: the model's context is {model.max_seq_len}")
     max_new_tokens = room
 generator = torch.Generator(device).manual_seed(seed)
-# the decoders: decode.py's, or serving's where a setting needs it (the same tokens)
-if compile or weights != "trained" or show_steps or settings.adaptive or settings.min_draft_prob:
-    decode_sbd = functools.partial(serving_decode, record_steps=show_steps)
-    decode_ntp = functools.partial(serving_decode, ntp=True)
-else:
-    decode_sbd = reference.exact if settings.exact else reference.sbd
-    decode_ntp = reference.ntp
-
 
 # warm both paths up, so that the first sample's wall clock does not pay for lazy setup
 if compile:  # every width now, for the decodes' cache size
