@@ -42,8 +42,8 @@ def test_blocks_of_one_are_next_token_decoding():
 
 class AlwaysRight(torch.nn.Module):
     """A model whose causal logits are the real model's and whose block slots predict, with
-    certainty, script[p] at position p: a drafter that is always right (script: the prompt and
-    greedy NTP's tokens)."""
+    certainty, script[b][p] at position p: a drafter that is always right (script: per row, the
+    prompt and greedy NTP's tokens)."""
 
     def __init__(self, inner, script):
         super().__init__()
@@ -59,10 +59,10 @@ class AlwaysRight(torch.nn.Module):
             pos = torch.arange(cache.length, cache.length + idx.size(1))
         logits, loss = self.inner(idx, pos=pos, mask=mask, cache=cache, n_commit=n_commit)
         logits = logits.clone()
-        positions = pos.expand(idx.size(0), -1)[0].tolist()  # (T,): one row
-        for i in range(n_commit, idx.size(1)):
-            logits[0, i] = -1e4
-            logits[0, i, self.script[positions[i]]] = 1e4
+        for b, positions in enumerate(pos.expand(idx.size(0), -1).tolist()):  # (B, T)
+            for i in range(n_commit, idx.size(1)):
+                logits[b, i] = -1e4
+                logits[b, i, self.script[b][positions[i]]] = 1e4
         return logits, loss
 
 
@@ -73,7 +73,7 @@ def test_a_drafter_that_is_always_right_fills_a_block_per_forward():
     ntp, _ = tiny_models.ntp(m, prompts, n, mask_id=mask_id_of(m))
     settings = decode_settings(m, k=k, gamma=sampling.ONE_FORWARD)
     for b in range(2):
-        drafter = AlwaysRight(m, prompts[b].tolist() + ntp[b])
+        drafter = AlwaysRight(m, [prompts[b].tolist() + ntp[b]])  # a batch of one
         tokens, stats = decode.sbd(drafter, prompts[b:b + 1], settings, n)
         assert tokens[0] == ntp[b], (
             "block slot i stands for the token at its position (cache length + its index) and its "
