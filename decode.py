@@ -174,14 +174,12 @@ def accept_sampled(drafts, q, p, generator=None):
 def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
     """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
 
-    The first n_commit tokens are processed causally and committed to the cache; the next, up to
-    n_real (default T), are a block whose slots attend to the whole prefix and to each other
-    (hybrid_mask) and are never committed; any after n_real are padding that no real token sees
-    (sbd.cache_mask). n_commit and n_real: ints, or (B,) tensors, a value per row. Each row's
-    tokens go to its next slots (cache.lengths), and a token's position is its slot (padding: 0).
-    Every decoding forward is this one function, eager or compiled (serving.batched's
-    decode_forward): tensors of fixed shapes per T, so torch.compile makes one graph per width.
-    """
+    The first n_commit tokens are causal and committed to the cache; the next, up to n_real
+    (default T), are a block whose slots attend to the whole prefix and to each other (hybrid_mask)
+    and are never committed; any after n_real are padding that no real token sees (sbd.cache_mask).
+    n_commit, n_real: ints, or (B,) tensors, a value per row. Each row's tokens go to its next
+    slots (cache.lengths), and a token's position is its slot (padding: 0). Every decoding forward
+    is this function, eager or compiled by serving: fixed shapes per T, one graph per width."""
     T = tokens.size(1)
     n_real = T if n_real is None else n_real
     q = cache.next_slots(T)  # (B, T): the slots
@@ -223,10 +221,8 @@ def new_cache(model, prompt, n_slots):
 
 
 def prefill(model, prompt, cache):
-    """Write prompt[:-1] into the fresh KV cache with one causal forward.
-
-    Returns (pending (B, 1) = the last prompt token, dict(prefill_forwards, prefill_time)).
-    """
+    """Write prompt[:-1] into the fresh KV cache with one causal forward -> (pending (B, 1): the
+    last prompt token, dict(prefill_forwards, prefill_time))."""
     t0 = time.perf_counter()
     if prompt.size(1) > 1:
         model(prompt[:, :-1], cache=cache)  # eager: a width that runs once per decode
@@ -268,7 +264,7 @@ class DecodeStats:
     prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0: 1-token prompt)
     prefill_time: float  # seconds of the prefill
     wall_time: float  # seconds of the whole decode, prefill included
-    steps: list = None  # record_steps: one Step per decode forward
+    steps: list = None  # serving's step view (record_steps): one Step per decode forward
     # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
     # rejected, forwards that only checked a row's last block, drafts never checked (too unsure)
     accepted: list = None

@@ -1,7 +1,8 @@
 """
 Exact SBD for serving: batches whose rows keep different numbers of drafts, the adaptive block
 size, the draft floor and the step view. decode.py:exact is the same method for one prompt, on one
-screen, and holds the acceptance rule this file uses (decode.accept); docs/method.md, Exact mode.
+screen, and holds the rules this file calls (decode.accept, decode.stop_reached); docs/method.md,
+Exact mode.
 
 The forward that commits a block (the first forward of the next block) computes, for every token
 of it, the causal logits of the position before: exactly what NTP decoding computes there. So it
