@@ -62,7 +62,7 @@ init_from = "scratch"  # 'scratch', 'resume', or pretrained: a Llama 3 dir, .ggu
 # model (GPT-2 style)
 n_layer = 4
 n_head = 4
-n_embd = 128
+n_embd = 64
 dropout = 0.0
 bias = False
 # batches
@@ -74,7 +74,7 @@ ntp_iters = 1000
 ntp_lr = 2e-3
 # stage 2: SBD fine-tuning
 sbd_starts_from = "ntp"  # 'ntp': stage 1's weights; 'init': init_from's, as stage 1 did
-sbd_iters = 4800  # the masked-token path needs its own circuit: more steps than stage 1
+sbd_iters = 4500  # the masked-token path needs its own circuit: more steps than stage 1
 sbd_lr = 2e-3
 k_min = 8  # block size k ~ U{k_min..k_max} once per step (the paper: U{2..16}); it must cover
 k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findings.md, Block sizes)

@@ -92,8 +92,8 @@ def bench_roofline(cfg):
           f"({'given' if cfg.peak_gflops else 'measured: best 512x512 matmul'}); "
           f"batch 1, KV cache of {cfg.roofline_kv} tokens; each time is the fastest of "
           f"{cfg.roofline_rounds} rounds' medians of {cfg.roofline_reps} forwards")
-    models = [("demo GPT 4L/4h/128d, vocab 32 (config/sbd_small.py)",
-               dict(n_layer=4, n_head=4, n_embd=128, vocab_size=32, block_size=73)),
+    models = [("demo GPT 4L/4h/64d, vocab 32 (config/sbd_small.py)",
+               dict(n_layer=4, n_head=4, n_embd=64, vocab_size=32, block_size=73)),
               (f"GPT {cfg.n_layer}L/{cfg.n_head}h/{cfg.n_embd}d, vocab {cfg.vocab_size}",
                dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
                     vocab_size=cfg.vocab_size, block_size=cfg.block_size))]

@@ -4,7 +4,7 @@ warm-up excluded: AdamW's for-each implementation or its fused kernel, then logi
 or only at the labelled slots (train.py head_at_labels), then the model under torch.compile
 (train.py compile; its compile time is printed apart), for either stage (NTP or SBD).
 
-    python -m bench.train_step                                  # the demo: a 0.8M GPT, addition
+    python -m bench.train_step                                  # the demo: a 0.2M GPT, addition
     python -m bench.train_step --init_from=smollm2 --dataset=wordproblems --seq_len=192 \\
         --batch_size=4 --dtype=auto --stage=ntp                 # SmolLM2-135M (pip install gguf)
 

@@ -143,7 +143,7 @@ def test_bench_roofline_mode_runs():
               "--roofline_reps=1", "--peak_gflops=50", "--bandwidth_gbs=20", "--n_layer=2",
               "--n_head=2", "--n_embd=64")
     assert log.count("fitted overhead") == 2 and log.count("t(16)/t(1): measured") == 2
-    assert "demo GPT 4L/4h/128d" in log and "GPT 2L/2h/64d" in log
+    assert "demo GPT 4L/4h/64d" in log and "GPT 2L/2h/64d" in log
 
 
 @pytest.mark.slow
