@@ -209,14 +209,16 @@ class Linear(nn.Linear):
     """nn.Linear, plus the block adapter's delta (attach_adapter) on the rows gate selects.
 
     gate (B, T) bool marks the block's slots (in_block); every other row is the base layer's
-    output, untouched. Without an adapter, or with gate None, this is nn.Linear."""
+    output, untouched. With gate None (a model without an adapter, or a forward without a block)
+    this is nn.Linear, and no adapter code runs."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_module("delta", None)  # a LowRank once attach_adapter runs
 
     def forward(self, x, gate=None):
-        return add_delta(F.linear(x, self.weight, self.bias), x, gate, self.delta)
+        y = F.linear(x, self.weight, self.bias)  # (B, T, n_out)
+        return y if gate is None else add_delta(y, x, gate, self.delta)
 
 
 def add_delta(y, x, gate, delta):
@@ -369,6 +371,7 @@ class GPT(nn.Module):
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.register_module("block_adapter", None)  # a BlockAdapter once attach_adapter runs
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings, as GPT-2
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2 paper: scaled residual projections
@@ -406,9 +409,9 @@ class GPT(nn.Module):
         """
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
-        gate = block_gate(self, idx, cache, block_start)  # (B, T) bool or None
-        x = adapted_embedding(self, idx, gate) + self.transformer.wpe(pos)  # (B, T, C)
-        x = self.transformer.drop(x)
+        gate = None if self.block_adapter is None else block_gate(self, idx, cache, block_start)
+        x = self.transformer.wte(idx) if gate is None else adapted_embedding(self, idx, gate)
+        x = self.transformer.drop(x + self.transformer.wpe(pos))  # (B, T, C)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         for layer, block in enumerate(self.transformer.h):
             x = block(x, layer, mask, cache, n_commit, gate)
@@ -642,6 +645,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList([LlamaBlock(config) for _ in range(config.n_layers)])
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.register_module("block_adapter", None)  # a BlockAdapter once attach_adapter runs
         self.tie_weights()
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (hd/2,)
         if self.tok_embeddings.weight.device.type != "meta":  # a checkpoint overwrites it all
@@ -691,9 +695,9 @@ class Llama(nn.Module):
         """Same contract as GPT.forward: idx (B, T) -> logits (B, T, vocab) and optional loss."""
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
-        gate = block_gate(self, idx, cache, block_start)  # (B, T) bool or None
+        gate = None if self.block_adapter is None else block_gate(self, idx, cache, block_start)
         cos, sin = rotary_cos_sin(pos, self.inv_freq)  # (T, hd/2) or (B, T, hd/2)
-        x = adapted_embedding(self, idx, gate)  # (B, T, dim)
+        x = self.tok_embeddings(idx) if gate is None else adapted_embedding(self, idx, gate)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         # activation checkpointing keeps only each block's input; backward recomputes the rest
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
