@@ -38,11 +38,9 @@ def causal_mask(q, k):
 
 
 def in_block(q, block_start):
-    """Slot q belongs to the bidirectional block iff q >= block_start: the one rule that says
-    which slots the block is made of. The hybrid mask lets exactly these slots see each other
-    (sbd.hybrid_mask), a training sequence's noisy copies are the slots from L on (sbd.slot_layout),
-    and the block adapter's delta reaches exactly these slots (Linear below). Every slot before
-    block_start is a committed token and goes through the base weights alone."""
+    """Slot q belongs to the bidirectional block iff q >= block_start, the one rule for it: the
+    slots that see each other (sbd.hybrid_mask), a training sequence's noisy copies (slots L on,
+    sbd.slot_layout) and the slots a block adapter's delta reaches (Linear below)."""
     return q >= block_start
 
 
@@ -138,14 +136,11 @@ def compiled_flex_attention():
 
 
 def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
-    """Scaled dot-product attention over [cache ; new tokens] with an optional mask.
-
-    q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), bool
-    (True = may attend) or its additive bias (attention_bias), or a flex_attention BlockMask of the
-    same mask (block_mask above; training only, no cache, no dropout). With a cache, S = max_len:
-    every forward reads the whole static cache, the mask hiding what is not there.
-    With n_kv_head < n_head (grouped-query attention) a K/V head serves n_head // n_kv_head heads.
-    """
+    """Scaled dot-product attention of q (B, n_head, T, hd) over [cache ; k, v (B, n_kv_head, T,
+    hd)]; a K/V head serves n_head // n_kv_head query heads (grouped-query attention). mask: None
+    (causal), (T, S) or (B, T, S) bool (True = may attend) or its bias (attention_bias), or its
+    BlockMask (block_mask; training only: no cache, no dropout). With a cache S = max_len: every
+    forward reads the whole static cache, the mask hiding what is not there."""
     if isinstance(mask, BlockMask):
         flex = compiled_flex_attention() if q.is_cuda else flex_attention
         return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, nh, T, hd)
@@ -160,11 +155,9 @@ def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
 
 def attention_bias(mask, dtype):
     """A bool mask (True = may attend) -> the additive bias SDPA makes of it: 0 if allowed, or -inf.
-
-    SDPA converts a bool mask itself, but in every layer (~3 us each on a CPU, and a (B, T, S)
-    tensor each for a dense training mask); converted once per forward, all layers share it, with
-    the same scores to the bit. None, a bias already and a flex_attention BlockMask pass through.
-    """
+    SDPA would convert it in every layer (~3 us each on a CPU, and a (B, T, S) tensor each for a
+    dense training mask); once per forward, all layers share it, the same scores to the bit.
+    None, a bias already and a flex_attention BlockMask pass through."""
     if not torch.is_tensor(mask) or mask.dtype != torch.bool:
         return mask
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -397,7 +390,6 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None,
                 block_start=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
-
         pos: (T,) or (B, T) position ids; default = slot index (each row's cache length + 0..T-1).
         mask: (T, S) or (B, T, S) bool, True = may attend, default causal. With a cache its keys
         are slots 0..max_len-1 (a mask of fewer covers the first S; the rest are hidden).
@@ -448,14 +440,12 @@ def adapted_embedding(model, idx, gate):
 def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
     """Fill in the optional forward() arguments shared by GPT and Llama, and check them (not while
     torch.compile traces: a compiled decode step is checked by its caller)."""
-    B, T = idx.size()
+    T = idx.size(1)
     if pos is None:  # slot positions: 0..T-1, or each row's cache length + 0..T-1
         pos = torch.arange(T, device=idx.device) if cache is None else cache.next_slots(T)
-    if pos.numel() and not torch.compiler.is_compiling():
-        last = int(pos.max())
-        if last >= max_seq_len:
-            raise ValueError(f"position {last} is past the model's context of {max_seq_len} "
-                             "tokens")
+    last = int(pos.max()) if pos.numel() and not torch.compiler.is_compiling() else -1
+    if last >= max_seq_len:
+        raise ValueError(f"position {last} is past the model's context of {max_seq_len} tokens")
     if cache is not None:
         mask = over_the_cache(mask, pos, cache)
     n_commit = T if n_commit is None else n_commit

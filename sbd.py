@@ -52,10 +52,8 @@ def sequence_positions(L, noisy_start=0, copies=1, device=None):
 
 
 def block_id(i, k, phase):
-    """Block of noisy position i when blocks of k start at positions phase, phase ± k, ...
-
-    phase lets blocks start where decoding blocks start (the first answer token) instead of at 0.
-    """
+    """Block of noisy position i when blocks of k start at positions phase, phase ± k, ...: phase
+    lets blocks start where decoding blocks start (the first answer token) instead of at 0."""
     return torch.div(i - phase, k, rounding_mode="floor")
 
 
@@ -144,12 +142,10 @@ def training_block_mask(L, k, phases, noisy_start=0, copies=1):
 
 
 def add_noise(x, mask_id, maskable=None, generator=None):
-    """x̂: each token of x (B, L) replaced by mask_id with probability η, η ~ U(0,1) once per row.
-
-    maskable (B, L) bool restricts the noise to some tokens (e.g. the answer); others stay clean.
-    Returns (x̂, is_masked). Draws go through `generator` (train.py's CPU generator, so that a
-    resumed run draws what an uninterrupted one would) and then move to x's device.
-    """
+    """x (B, L) -> (x̂, is_masked (B, L) bool): each token replaced by mask_id with probability
+    η, η ~ U(0,1) once per row; only where maskable (B, L) bool is True, if given (the answer).
+    Draws go through `generator` (train.py's CPU generator, so that a resumed run draws what an
+    uninterrupted one would) and then move to x's device."""
     B, L = x.shape
     device = generator.device if generator is not None else x.device
     eta = torch.rand(B, 1, generator=generator, device=device).to(x.device)  # (B, 1): rate per row
@@ -161,10 +157,8 @@ def add_noise(x, mask_id, maskable=None, generator=None):
 
 def block_phases(answer, k, rule, generator=None):
     """(B,) where each row's noisy blocks start, mod k (sbd_training_mask); answer (B, L) bool.
-
     rule 'answer': at the first answer position (where decoding starts its first block);
-    'random': uniform in 0..k-1 per row; 'zero': at position 0 (the paper's fixed grid).
-    """
+    'random': uniform in 0..k-1 per row; 'zero': at position 0 (the paper's fixed grid)."""
     if rule == "answer":
         return answer.int().argmax(dim=1) % k
     if rule == "random":
@@ -174,12 +168,9 @@ def block_phases(answer, k, rule, generator=None):
 
 def first_noisy_position(maskable, k, phases):
     """Where the noisy half may start: the start of the block that holds the first position any row
-    may mask.
-
-    Noisy copies before it are never masked and no masked token's block reaches back to them, so no
-    label and no attention reads them: leaving them out changes no logit that is read, only the
-    cost (the demo's 13 prompt tokens are 9% of its 146-token SBD forward).
-    """
+    may mask. Noisy copies before it are never masked and no masked token's block reaches back to
+    them, so no label and no attention reads them: leaving them out changes no logit that is read,
+    only the cost (the demo's 13 prompt tokens are 9% of its 146-token SBD forward)."""
     if maskable is None:
         return 0
     first = maskable.int().argmax(dim=1)  # (B,) each row's first maskable position (0 if none)
@@ -188,11 +179,9 @@ def first_noisy_position(maskable, k, phases):
 
 
 def noisy_labels(x, is_masked, k, phases, token_shift=False):
-    """(B, L) labels of a noisy copy, by the position each slot stands for (IGNORE_INDEX: none).
-
-    The paper's rule: slot i is labelled x[i] if position i is masked, and not at all otherwise.
-    token_shift: the labels of token shift's alignment (shift_labels).
-    """
+    """(B, L) labels of a noisy copy, by the position each slot stands for. The paper's rule: slot
+    i is labelled x[i] if position i is masked, else IGNORE_INDEX (no label); token_shift: the
+    labels of token shift's alignment (shift_labels)."""
     if token_shift:
         return shift_labels(x, is_masked, k, phases)
     return torch.where(is_masked, x, IGNORE_INDEX)
@@ -200,19 +189,12 @@ def noisy_labels(x, is_masked, k, phases, token_shift=False):
 
 def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=False,
                noisy_start=None, token_shift=False, complementary=False):
-    """The SBD training forward's tokens, positions, mask and labels for clean x (B, L) with NTP
-    targets y (B, L).
-
-    The forward is [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}]: T = 2L - s tokens, where
-    s = noisy_start, by default first_noisy_position (0 without maskable: the paper's 2L).
-    complementary: two noisy copies, masked by m and by its complement over the maskable tokens
-    (Fast-dLLM v2), so that every maskable token is a masked input in one of them: T = 3L - 2s.
-    Positions: [0..L-1, s..L-1 (, s..L-1)], a noisy copy reuses the positions it stands for.
-    Mask: training_mask(L, k, phases, noisy_start=s, copies), one (T, T) matrix per row.
-    Labels: clean slot i -> y[i] (the next token); noisy slots by noisy_labels (token_shift: the
-    paper's rule, or the next-token alignment).
-    Returns idx (B, T), pos (T,), mask (B, T, T) (a BlockMask of it if flex), labels (B, T).
-    """
+    """The SBD training forward of clean x (B, L) with NTP targets y (B, L): noise m drawn by
+    add_noise on maskable, then sbd_layout -> idx (B, T), pos (T,), mask (B, T, T), labels (B, T).
+    noisy_start s: the first position of the noisy half, by default first_noisy_position (0
+    without maskable: the paper's T = 2L). complementary: a second noisy copy, masked by the
+    complement of m over the maskable tokens (Fast-dLLM v2), so that every maskable token is a
+    masked input in one of them: T = 3L - 2s."""
     _, is_masked = add_noise(x, mask_id, maskable, generator)
     masks = [is_masked]
     if complementary:  # the complement: what m kept, masked now; the prompt stays clean in both
@@ -223,8 +205,11 @@ def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=Fal
 
 
 def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, flex=False):
-    """sbd_inputs for given noise: one noisy copy of x (B, L) per (B, L) bool mask in masks (its
-    masked tokens replaced by mask_id), laid out by slot_layout -> idx, pos, mask, labels."""
+    """[clean x (B, L) ; one noisy copy of positions s..L-1 (s = noisy_start) per (B, L) bool mask
+    in masks, its masked tokens replaced by mask_id], laid out by slot_layout: T = L + C (L - s)
+    slots for C copies, a noisy copy reusing the positions it stands for -> idx (B, T), pos (T,),
+    mask (B, T, T) (training_mask; its BlockMask if flex), labels (B, T) (y, the next token, at
+    clean slots; noisy_labels at noisy ones)."""
     L, copies = x.size(1), len(masks)
     noisy = [torch.where(masked, mask_id, x)[:, noisy_start:] for masked in masks]
     idx = torch.cat([x, *noisy], dim=1)  # (B, T)
@@ -239,19 +224,12 @@ def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, 
 
 
 def sbd_loss(logits, labels, L, ntp_weight=1.0):
-    """Eq. 14: cross-entropy over all labelled slots, NTP (clean half) and masked tokens (noisy
-    half).
-
-    logits (B, T, V) and labels (B, T) of sbd_inputs; the clean half is the first L slots, every
-    noisy copy after it counts as the noisy half. Logits
-    (N, V) are those of the labelled slots only, row by row (model(..., at=labels != IGNORE_INDEX)):
-    the same loss without the head's work on unlabelled slots.
-    The loss is Eq. 14 as a weighted mean over the labelled slots, each slot's -log p of its label
-    weighted ntp_weight in the clean half and 1 in the noisy half, divided by the total weight.
-    ntp_weight=1 is the paper's single cross-entropy over both halves; ntp_weight=0 drops the NTP
-    term (the paper's ablation, which hurts NTP quality).
-    Returns (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging.
-    """
+    """Eq. 14 as a weighted mean over the labelled slots of -log p(label): weight ntp_weight in
+    the clean half (the first L slots, NTP) and 1 in the noisy half (every copy after it). 1 is
+    the paper's single cross-entropy; 0 drops the NTP term (its ablation, which hurts NTP quality).
+    logits (B, T, V), or (N, V) at the labelled slots only, row by row (model(..., at=labels !=
+    IGNORE_INDEX): no head work on unlabelled slots); labels (B, T) of sbd_inputs.
+    -> (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging."""
     V, is_labelled = logits.size(-1), labels != IGNORE_INDEX
     if logits.dim() == 2:  # (N, V) at the labelled slots: the others' nll is 0 (weight 0)
         nll = torch.zeros(labels.shape, device=logits.device)
