@@ -391,14 +391,13 @@ class GPT(nn.Module):
                 block_start=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
         pos: (T,) or (B, T) position ids; default = slot index (each row's cache length + 0..T-1).
-        mask: (T, S) or (B, T, S) bool, True = may attend, default causal. With a cache its keys
-        are slots 0..max_len-1 (a mask of fewer covers the first S; the rest are hidden).
+        mask: (T, S) or (B, T, S) bool, True = may attend, default causal; with a cache, over its
+        slots 0..max_len-1 (a mask of fewer covers the first S; the rest are hidden).
         cache: a KVCache; the first n_commit (default all T; or (B,) per row) tokens are appended.
         at: (B, T) bool -> logits (N, vocab) only where True, row by row (training: the labelled
         slots; the head is a large share of a small model's work, its logits the largest buffer).
-        block_start: the first slot of the bidirectional block (an int, or (B, 1) per row), whose
-        slots see the block adapter (in_block); None: no slot does (every causal forward).
-        """
+        block_start: the block's first slot (an int, or (B, 1) per row): the slots a block adapter
+        sees (in_block); None: no slot (every causal forward)."""
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
         gate = None if self.block_adapter is None else block_gate(self, idx, cache, block_start)

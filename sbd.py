@@ -59,7 +59,6 @@ def block_id(i, k, phase):
 
 def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
     """Attention mask of the training sequence [clean 0..L-1 ; noisy L..] (True = may attend).
-
     Slots are laid out by slot_layout: noisy slot L + j is the noisy copy of position
     noisy_start + j (see first_noisy_position), and with complementary masks a second copy
     follows the first. With b(i) the block of noisy position i and start(i) its first position:
@@ -67,8 +66,7 @@ def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
       noisy query i -> clean key j   iff j < start(i)                 (the prefix before its block)
       noisy query i -> noisy key j   iff same copy and b(j) == b(i)   (bidirectional in its block)
       clean query   -> noisy key     never                            (NTP must not see noise)
-    No noisy copy sees another. The k=4 example, L=8, phase 0 (c = clean, n = noisy, 1 = may
-    attend):
+    No noisy copy sees another. k=4, L=8, phase 0 (c = clean, n = noisy, 1 = may attend):
                  c0 c1 c2 c3 c4 c5 c6 c7 | n0 n1 n2 n3 n4 n5 n6 n7
         c0..c7   lower triangle          | 0
         n0..n3   0  0  0  0  0  0  0  0  | 1  1  1  1  0  0  0  0
@@ -205,11 +203,10 @@ def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=Fal
 
 
 def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, flex=False):
-    """[clean x (B, L) ; one noisy copy of positions s..L-1 (s = noisy_start) per (B, L) bool mask
-    in masks, its masked tokens replaced by mask_id], laid out by slot_layout: T = L + C (L - s)
-    slots for C copies, a noisy copy reusing the positions it stands for -> idx (B, T), pos (T,),
-    mask (B, T, T) (training_mask; its BlockMask if flex), labels (B, T) (y, the next token, at
-    clean slots; noisy_labels at noisy ones)."""
+    """[clean x (B, L) ; a noisy copy of positions s..L-1 (s = noisy_start) per (B, L) bool mask in
+    masks, masked tokens replaced by mask_id]: T = L + C (L - s) slots for C copies, laid out by
+    slot_layout -> idx (B, T), pos (T,), mask (B, T, T) (training_mask; its BlockMask if flex),
+    labels (B, T) (y, the next token, at clean slots; noisy_labels at noisy ones)."""
     L, copies = x.size(1), len(masks)
     noisy = [torch.where(masked, mask_id, x)[:, noisy_start:] for masked in masks]
     idx = torch.cat([x, *noisy], dim=1)  # (B, T)
