@@ -85,7 +85,6 @@ def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
 
 def hybrid_mask(q, kv, block_start):
     """Decoding mask over [prefix ; block]: causal up to block_start, then a bidirectional block.
-
     Slots < block_start (prompt, cache, a block being committed) attend causally; the block's slots
     attend to every prefix slot and to each other. With a KV cache the prefix is [cache ; committed
     previous block]. k=4 block after a 3-token prefix (block_start = 3):
@@ -98,15 +97,11 @@ def hybrid_mask(q, kv, block_start):
 
 
 def cache_mask(q, kv, block_start, end):
-    """hybrid_mask over a static KV cache's slots (model.KVCache: slots are positions).
-
-    q: a query's slot, kv a key's; block_start: the block's first slot (the slot after the
-    committed tokens), end: the first slot past the forward's real tokens. Keys from end on hold
-    nothing of this forward (not written yet, scratch, or padding) and are hidden; a padding query
-    (q >= end) sees itself too, so that no query sees no key (softmax of nothing is NaN, and a NaN
-    value in a hidden slot would still reach p @ v). Per row, block_start and end broadcast as
-    (B, 1, 1) against q (B, T, 1) and kv (max_len,).
-    """
+    """hybrid_mask over a static KV cache's slots (model.KVCache: slots are positions), q (B, T, 1)
+    a query's, kv (max_len,) a key's; block_start and end (B, 1, 1): the block's first slot and
+    the first slot past the forward's real tokens. Keys from end on (not written yet, scratch,
+    padding) are hidden; a padding query (q >= end) sees itself, so that no query sees no key
+    (softmax of nothing is NaN, and a NaN value in a hidden slot would still reach p @ v)."""
     return hybrid_mask(q, kv, block_start) & (kv < end) | (kv == q)
 
 
