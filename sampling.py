@@ -102,11 +102,10 @@ def unsort(accept_sorted, order):
 
 def entropy_bound(h_sorted, masked_sorted, gamma):
     """Eq. 8 / Eq. 18 on entropies in reveal order: reveal the first s masked slots, s >= 1 the
-    largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ. Entropies are >= 0,
-    so that sum minus its largest term never shrinks as s grows and the revealed slots are a
-    prefix of the order; for s = 1 it is 0 <= γ, so every row with a mask reveals at least one.
-    In entropy order the largest of the first s is the s-th (Eq. 8); in confidence order it need
-    not be (Eq. 18)."""
+    largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ. Entropies are >= 0, so
+    that never shrinks as s grows (the revealed slots are a prefix) and is 0 <= γ at s = 1 (a row
+    with a mask reveals one). In entropy order the largest of the first s is the s-th (Eq. 8); in
+    confidence order it need not be (Eq. 18)."""
     h = torch.where(masked_sorted, h_sorted, 0.0)  # (B, k)
     before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): sum of the slots ahead
     largest_before = F.pad(torch.cummax(h, dim=1).values[:, :-1], (1, 0))  # (B, k)
@@ -169,10 +168,9 @@ REVEAL_RULES = {"entropy": reveal_entropy, "confidence": reveal_confidence, "lef
 
 def suppress_mask(logits, mask_id):
     """The mask token is an input, never an output: its logit becomes -inf before anything else."""
-    if mask_id is None:
-        return logits
-    logits = logits.clone()
-    logits[..., mask_id] = float("-inf")
+    if mask_id is not None:  # on a copy: the caller's logits stay as they were
+        logits = logits.clone()
+        logits[..., mask_id] = float("-inf")
     return logits
 
 
