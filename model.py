@@ -137,10 +137,9 @@ def compiled_flex_attention():
 
 def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
     """Scaled dot-product attention of q (B, n_head, T, hd) over [cache ; k, v (B, n_kv_head, T,
-    hd)]; a K/V head serves n_head // n_kv_head query heads (grouped-query attention). mask: None
-    (causal), (T, S) or (B, T, S) bool (True = may attend) or its bias (attention_bias), or its
-    BlockMask (block_mask; training only: no cache, no dropout). With a cache S = max_len: every
-    forward reads the whole static cache, the mask hiding what is not there."""
+    hd)], a K/V head per n_head // n_kv_head query heads (GQA). mask: None (causal), (T, S) or
+    (B, T, S) bool (True = may attend) or its bias, or its BlockMask (training: no cache, no
+    dropout). With a cache S = max_len: the whole static cache is read, the mask hiding the rest."""
     if isinstance(mask, BlockMask):
         flex = compiled_flex_attention() if q.is_cuda else flex_attention
         return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, nh, T, hd)
@@ -154,10 +153,9 @@ def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
 
 
 def attention_bias(mask, dtype):
-    """A bool mask (True = may attend) -> the additive bias SDPA makes of it: 0 if allowed, or -inf.
-    SDPA would convert it in every layer (~3 us each on a CPU, and a (B, T, S) tensor each for a
-    dense training mask); once per forward, all layers share it, the same scores to the bit.
-    None, a bias already and a flex_attention BlockMask pass through."""
+    """A bool mask (True = may attend) -> the additive bias SDPA makes of it (0 or -inf), once per
+    forward for all layers, where SDPA would convert it in every layer (~3 us each on a CPU, and a
+    (B, T, S) tensor each for a dense training mask). None, a bias or a BlockMask pass through."""
     if not torch.is_tensor(mask) or mask.dtype != torch.bool:
         return mask
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

@@ -182,12 +182,11 @@ def noisy_labels(x, is_masked, k, phases, token_shift=False):
 
 def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=False,
                noisy_start=None, token_shift=False, complementary=False):
-    """The SBD training forward of clean x (B, L) with NTP targets y (B, L): noise m drawn by
-    add_noise on maskable, then sbd_layout -> idx (B, T), pos (T,), mask (B, T, T), labels (B, T).
-    noisy_start s: the first position of the noisy half, by default first_noisy_position (0
-    without maskable: the paper's T = 2L). complementary: a second noisy copy, masked by the
-    complement of m over the maskable tokens (Fast-dLLM v2), so that every maskable token is a
-    masked input in one of them: T = 3L - 2s."""
+    """The SBD training forward of clean x (B, L) with NTP targets y (B, L): noise m by add_noise
+    on maskable, laid out by sbd_layout -> idx (B, T), pos (T,), mask (B, T, T), labels (B, T).
+    noisy_start: s, by default first_noisy_position (0 without maskable: the paper's T = 2L).
+    complementary: a second noisy copy, masked by m's complement over the maskable tokens
+    (Fast-dLLM v2), so that every maskable token is a masked input once: T = 3L - 2s."""
     _, is_masked = add_noise(x, mask_id, maskable, generator)
     masks = [is_masked]
     if complementary:  # the complement: what m kept, masked now; the prompt stays clean in both
@@ -216,11 +215,10 @@ def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, 
 
 
 def sbd_loss(logits, labels, L, ntp_weight=1.0):
-    """Eq. 14 as a weighted mean over the labelled slots of -log p(label): weight ntp_weight in
-    the clean half (the first L slots, NTP) and 1 in the noisy half (every copy after it). 1 is
-    the paper's single cross-entropy; 0 drops the NTP term (its ablation, which hurts NTP quality).
-    logits (B, T, V), or (N, V) at the labelled slots only, row by row (model(..., at=labels !=
-    IGNORE_INDEX): no head work on unlabelled slots); labels (B, T) of sbd_inputs.
+    """Eq. 14 as a weighted mean over the labelled slots of -log p(label), weight ntp_weight in the
+    clean half (the first L slots) and 1 in the noisy half (every copy after it): 1 is the paper's
+    one cross-entropy, 0 its ablation without the NTP term (which hurts NTP quality). logits
+    (B, T, V), or (N, V) at the labelled slots only, row by row (model's at=labels != IGNORE_INDEX).
     -> (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging."""
     V, is_labelled = logits.size(-1), labels != IGNORE_INDEX
     if logits.dim() == 2:  # (N, V) at the labelled slots: the others' nll is 0 (weight 0)
