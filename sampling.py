@@ -175,12 +175,10 @@ def suppress_mask(logits, mask_id):
 
 
 def filter_logits(logits, temperature, top_k=None, top_p=None):
-    """(..., V) logits -> the logits of the distribution sampling draws from (temperature > 0).
-
-    Divided by the temperature, then restricted to the top_k most likely tokens and to the smallest
-    set whose probability reaches top_p (others -inf). NTP, the drafts and the exact mode's
-    acceptance rule all use this one function, so p and q are filtered alike.
-    """
+    """(..., V) logits -> the logits sampling draws from (temperature > 0): divided by the
+    temperature, then restricted to the top_k most likely tokens and to the smallest set whose
+    probability reaches top_p (others -inf). NTP, the drafts and the exact mode's acceptance rule
+    all use this one function, so p and q are filtered alike."""
     logits = logits.float() / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
