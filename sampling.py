@@ -103,9 +103,9 @@ def unsort(accept_sorted, order):
 def entropy_bound(h_sorted, masked_sorted, gamma):
     """Eq. 8 / Eq. 18 on entropies in reveal order: reveal the first s masked slots, s >= 1 the
     largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ. Entropies are >= 0, so
-    that never shrinks as s grows (the revealed slots are a prefix) and is 0 <= γ at s = 1 (a row
-    with a mask reveals one). In entropy order the largest of the first s is the s-th (Eq. 8); in
-    confidence order it need not be (Eq. 18)."""
+    this spent budget never shrinks as s grows (the revealed slots are a prefix) and is 0 at s = 1
+    (every row with a mask reveals one). In entropy order the largest of the first s is the s-th
+    (Eq. 8); in confidence order it need not be (Eq. 18)."""
     h = torch.where(masked_sorted, h_sorted, 0.0)  # (B, k)
     before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): sum of the slots ahead
     largest_before = F.pad(torch.cummax(h, dim=1).values[:, :-1], (1, 0))  # (B, k)
