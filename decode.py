@@ -118,7 +118,8 @@ def fill(model, cache, block, logits, settings, generator, widths):
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=block.device)
     is_masked, q_block = block == settings.mask_id, None  # (1, k)
     while True:
-        logits = block_predictions(logits, settings.token_shift)  # position i: slot read_at(i)
+        if settings.token_shift:  # position i's logits are slot read_at(i)'s, not slot i's
+            logits = block_predictions(logits, True)
         block, revealed, q = reveal_step(logits, block, is_masked, settings, generator, with_q=True)
         q_block = q if q_block is None else torch.where(revealed[..., None], q, q_block)
         is_masked = is_masked & ~revealed
@@ -142,7 +143,6 @@ def accept(drafts, causal, q, settings, generator=None):
 
 def accept_greedy(drafts, causal, mask_id):
     """drafts (B, n), causal logits (B, n + 1, V) -> (ok (B, n) bool, targets (B, n + 1)).
-
     Draft j is kept iff it equals NTP's argmax after the slot before it; targets are NTP's tokens,
     the correction after the last kept draft and, if all are kept, the next block's first token."""
     targets = greedy(suppress_mask(causal, mask_id))  # (B, n + 1)
@@ -173,7 +173,6 @@ def accept_sampled(drafts, q, p, generator=None):
 
 def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
     """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
-
     The first n_commit tokens are causal and committed to the cache; the next, up to n_real
     (default T), are a block whose slots attend to the whole prefix and to each other (hybrid_mask)
     and are never committed; any after n_real are padding that no real token sees (sbd.cache_mask).
@@ -201,11 +200,8 @@ def reveal_first(block, is_masked, causal, settings, generator=None):
 
 
 def stop_reached(block, is_masked, stop):
-    """(B,) bool: rows whose block holds a stop token with every position up to it revealed.
-
-    Such a row is finished: what follows its stop token is cut anyway, so waiting for those
-    positions would only waste forwards (the stop token is often revealed first).
-    """
+    """(B,) bool: rows whose block holds a stop token with every position up to it revealed: such
+    a row is finished, as what follows its stop token is cut anyway (it is often revealed first)."""
     prefix_revealed = is_masked.cumsum(dim=1) == 0  # (B, kb): no mask at or before the slot
     return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
 

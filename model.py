@@ -38,11 +38,9 @@ def causal_mask(q, k):
 
 
 def in_block(q, block_start):
-    """Slot q belongs to the bidirectional block iff q >= block_start: the one rule that says
-    which slots the block is made of. The hybrid mask lets exactly these slots see each other
-    (sbd.hybrid_mask), a training sequence's noisy copies are the slots from L on (sbd.slot_layout),
-    and the block adapter's delta reaches exactly these slots (Linear below). Every slot before
-    block_start is a committed token and goes through the base weights alone."""
+    """Slot q belongs to the bidirectional block iff q >= block_start, the one rule for it: the
+    slots that see each other (sbd.hybrid_mask), a training sequence's noisy copies (slots L on,
+    sbd.slot_layout) and the slots a block adapter's delta reaches (Linear below)."""
     return q >= block_start
 
 
@@ -138,14 +136,10 @@ def compiled_flex_attention():
 
 
 def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
-    """Scaled dot-product attention over [cache ; new tokens] with an optional mask.
-
-    q: (B, n_head, T, hd); k, v: (B, n_kv_head, T, hd). mask: None, (T, S) or (B, T, S), bool
-    (True = may attend) or its additive bias (attention_bias), or a flex_attention BlockMask of the
-    same mask (block_mask above; training only, no cache, no dropout). With a cache, S = max_len:
-    every forward reads the whole static cache, the mask hiding what is not there.
-    With n_kv_head < n_head (grouped-query attention) a K/V head serves n_head // n_kv_head heads.
-    """
+    """Scaled dot-product attention of q (B, n_head, T, hd) over [cache ; k, v (B, n_kv_head, T,
+    hd)], a K/V head per n_head // n_kv_head query heads (GQA). mask: None (causal), (T, S) or
+    (B, T, S) bool (True = may attend) or its bias, or its BlockMask (training: no cache, no
+    dropout). With a cache S = max_len: the whole static cache is read, the mask hiding the rest."""
     if isinstance(mask, BlockMask):
         flex = compiled_flex_attention() if q.is_cuda else flex_attention
         return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, nh, T, hd)
@@ -159,12 +153,9 @@ def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
 
 
 def attention_bias(mask, dtype):
-    """A bool mask (True = may attend) -> the additive bias SDPA makes of it: 0 if allowed, or -inf.
-
-    SDPA converts a bool mask itself, but in every layer (~3 us each on a CPU, and a (B, T, S)
-    tensor each for a dense training mask); converted once per forward, all layers share it, with
-    the same scores to the bit. None, a bias already and a flex_attention BlockMask pass through.
-    """
+    """A bool mask (True = may attend) -> the additive bias SDPA makes of it (0 or -inf), once per
+    forward for all layers, where SDPA would convert it in every layer (~3 us each on a CPU, and a
+    (B, T, S) tensor each for a dense training mask). None, a bias or a BlockMask pass through."""
     if not torch.is_tensor(mask) or mask.dtype != torch.bool:
         return mask
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -209,14 +200,16 @@ class Linear(nn.Linear):
     """nn.Linear, plus the block adapter's delta (attach_adapter) on the rows gate selects.
 
     gate (B, T) bool marks the block's slots (in_block); every other row is the base layer's
-    output, untouched. Without an adapter, or with gate None, this is nn.Linear."""
+    output, untouched. With gate None (a model without an adapter, or a forward without a block)
+    this is nn.Linear, and no adapter code runs."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.register_module("delta", None)  # a LowRank once attach_adapter runs
 
     def forward(self, x, gate=None):
-        return add_delta(F.linear(x, self.weight, self.bias), x, gate, self.delta)
+        y = F.linear(x, self.weight, self.bias)  # (B, T, n_out)
+        return y if gate is None else add_delta(y, x, gate, self.delta)
 
 
 def add_delta(y, x, gate, delta):
@@ -369,6 +362,7 @@ class GPT(nn.Module):
             ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.register_module("block_adapter", None)  # a BlockAdapter once attach_adapter runs
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings, as GPT-2
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2 paper: scaled residual projections
@@ -394,21 +388,19 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, pos=None, mask=None, cache=None, n_commit=None, at=None,
                 block_start=None):
         """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
-
         pos: (T,) or (B, T) position ids; default = slot index (each row's cache length + 0..T-1).
-        mask: (T, S) or (B, T, S) bool, True = may attend, default causal. With a cache its keys
-        are slots 0..max_len-1 (a mask of fewer covers the first S; the rest are hidden).
+        mask: (T, S) or (B, T, S) bool, True = may attend, default causal; with a cache, over its
+        slots 0..max_len-1 (a mask of fewer covers the first S; the rest are hidden).
         cache: a KVCache; the first n_commit (default all T; or (B,) per row) tokens are appended.
         at: (B, T) bool -> logits (N, vocab) only where True, row by row (training: the labelled
         slots; the head is a large share of a small model's work, its logits the largest buffer).
-        block_start: the first slot of the bidirectional block (an int, or (B, 1) per row), whose
-        slots see the block adapter (in_block); None: no slot does (every causal forward).
-        """
+        block_start: the block's first slot (an int, or (B, 1) per row): the slots a block adapter
+        sees (in_block); None: no slot (every causal forward)."""
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
-        gate = block_gate(self, idx, cache, block_start)  # (B, T) bool or None
-        x = adapted_embedding(self, idx, gate) + self.transformer.wpe(pos)  # (B, T, C)
-        x = self.transformer.drop(x)
+        gate = None if self.block_adapter is None else block_gate(self, idx, cache, block_start)
+        x = self.transformer.wte(idx) if gate is None else adapted_embedding(self, idx, gate)
+        x = self.transformer.drop(x + self.transformer.wpe(pos))  # (B, T, C)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         for layer, block in enumerate(self.transformer.h):
             x = block(x, layer, mask, cache, n_commit, gate)
@@ -445,14 +437,12 @@ def adapted_embedding(model, idx, gate):
 def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
     """Fill in the optional forward() arguments shared by GPT and Llama, and check them (not while
     torch.compile traces: a compiled decode step is checked by its caller)."""
-    B, T = idx.size()
+    T = idx.size(1)
     if pos is None:  # slot positions: 0..T-1, or each row's cache length + 0..T-1
         pos = torch.arange(T, device=idx.device) if cache is None else cache.next_slots(T)
-    if pos.numel() and not torch.compiler.is_compiling():
-        last = int(pos.max())
-        if last >= max_seq_len:
-            raise ValueError(f"position {last} is past the model's context of {max_seq_len} "
-                             "tokens")
+    last = int(pos.max()) if pos.numel() and not torch.compiler.is_compiling() else -1
+    if last >= max_seq_len:
+        raise ValueError(f"position {last} is past the model's context of {max_seq_len} tokens")
     if cache is not None:
         mask = over_the_cache(mask, pos, cache)
     n_commit = T if n_commit is None else n_commit
@@ -642,6 +632,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList([LlamaBlock(config) for _ in range(config.n_layers)])
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.register_module("block_adapter", None)  # a BlockAdapter once attach_adapter runs
         self.tie_weights()
         self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)  # (hd/2,)
         if self.tok_embeddings.weight.device.type != "meta":  # a checkpoint overwrites it all
@@ -691,9 +682,9 @@ class Llama(nn.Module):
         """Same contract as GPT.forward: idx (B, T) -> logits (B, T, vocab) and optional loss."""
         B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
-        gate = block_gate(self, idx, cache, block_start)  # (B, T) bool or None
+        gate = None if self.block_adapter is None else block_gate(self, idx, cache, block_start)
         cos, sin = rotary_cos_sin(pos, self.inv_freq)  # (T, hd/2) or (B, T, hd/2)
-        x = adapted_embedding(self, idx, gate)  # (B, T, dim)
+        x = self.tok_embeddings(idx) if gate is None else adapted_embedding(self, idx, gate)
         mask = attention_bias(mask, x.dtype)  # (T, S) or (B, T, S), once for all layers
         # activation checkpointing keeps only each block's input; backward recomputes the rest
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()

@@ -87,11 +87,9 @@ def entropy(probs):
 
 
 def sort_masked(key, is_masked):
-    """Sort each row's masked positions by key ascending; ties keep the lower position first.
-
-    Returns order (B, k), the block positions in that order with the unmasked ones last, and
-    masked_sorted (B, k) bool, True where the sorted slot holds a masked position.
-    """
+    """Sort each row's masked positions by key ascending, ties keeping the lower position first ->
+    order (B, k), the block positions in that order with the unmasked ones last, and
+    masked_sorted (B, k) bool, True where the sorted slot holds a masked position."""
     key = torch.where(is_masked, key, float("inf"))  # unmasked positions sort last
     order = torch.sort(key, dim=1, stable=True).indices  # (B, k)
     return order, is_masked.gather(1, order)
@@ -104,13 +102,10 @@ def unsort(accept_sorted, order):
 
 def entropy_bound(h_sorted, masked_sorted, gamma):
     """Eq. 8 / Eq. 18 on entropies in reveal order: reveal the first s masked slots, s >= 1 the
-    largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ.
-
-    Entropies are >= 0, so that sum minus its largest term never shrinks as s grows and the
-    revealed slots are a prefix of the order; for s = 1 it is 0 <= γ, so every row with a mask
-    reveals at least one. In entropy order the largest of the first s is the s-th (Eq. 8); in
-    confidence order it need not be (Eq. 18).
-    """
+    largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ. Entropies are >= 0, so
+    this spent budget never shrinks as s grows (the revealed slots are a prefix) and is 0 at s = 1
+    (every row with a mask reveals one). In entropy order the largest of the first s is the s-th
+    (Eq. 8); in confidence order it need not be (Eq. 18)."""
     h = torch.where(masked_sorted, h_sorted, 0.0)  # (B, k)
     before = F.pad(torch.cumsum(h, dim=1)[:, :-1], (1, 0))  # (B, k): sum of the slots ahead
     largest_before = F.pad(torch.cummax(h, dim=1).values[:, :-1], (1, 0))  # (B, k)
@@ -121,7 +116,6 @@ def entropy_bound(h_sorted, masked_sorted, gamma):
 
 def reveal_entropy(probs, is_masked, gamma):
     """EB-Sampler with the entropy proxy (Ben-Hamu et al. 2025, Eq. 8), the SBD paper's default.
-
     Rule: sort the masked positions by entropy, lowest first (ties: lower position first). Reveal
     the s lowest, s >= 1 the largest count with H_(1) + ... + H_(s-1) <= γ, i.e. the revealed
     entropies minus the largest of them stay within the budget γ. γ = 0 reveals one token per
@@ -134,7 +128,6 @@ def reveal_entropy(probs, is_masked, gamma):
 
 def reveal_confidence(probs, is_masked, gamma):
     """EB-Sampler with the confidence proxy (Ben-Hamu et al. 2025, Eq. 18).
-
     Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower
     position first), then apply the same entropy bound to the entropies in that order: reveal the
     first s, s >= 1 the largest count with H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ.
@@ -145,7 +138,6 @@ def reveal_confidence(probs, is_masked, gamma):
 
 def reveal_left(probs, is_masked, gamma):
     """The entropy bound with the masked positions taken left to right instead of by entropy.
-
     Rule: reveal the s leftmost masked positions, s >= 1 the largest count with
     H_(1) + ... + H_(s) - max(H_(1), ..., H_(s)) <= γ in position order. Exact sampling needs it:
     each draft must be drawn knowing only drafts to its left (docs/method.md, Exact sampling).
@@ -156,7 +148,6 @@ def reveal_left(probs, is_masked, gamma):
 
 def reveal_factor(probs, is_masked, f):
     """Fast-dLLM's factor rule (Wu et al. 2025, arXiv:2505.22618; SBD paper appendix B.1).
-
     Rule: sort the masked positions by confidence c = max_v p(v), highest first (ties: lower
     position first); reveal the first n, n the largest count with (n + 1) * (1 - c_(n)) < f, and at
     least one. c_(n) falls and n + 1 grows along the order, so the accepted positions are a prefix.
@@ -177,20 +168,17 @@ REVEAL_RULES = {"entropy": reveal_entropy, "confidence": reveal_confidence, "lef
 
 def suppress_mask(logits, mask_id):
     """The mask token is an input, never an output: its logit becomes -inf before anything else."""
-    if mask_id is None:
-        return logits
-    logits = logits.clone()
-    logits[..., mask_id] = float("-inf")
+    if mask_id is not None:  # on a copy: the caller's logits stay as they were
+        logits = logits.clone()
+        logits[..., mask_id] = float("-inf")
     return logits
 
 
 def filter_logits(logits, temperature, top_k=None, top_p=None):
-    """(..., V) logits -> the logits of the distribution sampling draws from (temperature > 0).
-
-    Divided by the temperature, then restricted to the top_k most likely tokens and to the smallest
-    set whose probability reaches top_p (others -inf). NTP, the drafts and the exact mode's
-    acceptance rule all use this one function, so p and q are filtered alike.
-    """
+    """(..., V) logits -> the logits sampling draws from (temperature > 0): divided by the
+    temperature, then restricted to the top_k most likely tokens and to the smallest set whose
+    probability reaches top_p (others -inf). NTP, the drafts and the exact mode's acceptance rule
+    all use this one function, so p and q are filtered alike."""
     logits = logits.float() / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
@@ -232,13 +220,10 @@ def next_token(causal_logits, settings, generator=None):
 
 
 def reveal_step(logits, block, is_masked, settings, generator=None, with_q=False):
-    """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool).
-
-    Tokens are chosen from the logits with the mask token removed; which of them to reveal is
-    decided on the temperature-1 model distribution, whatever the sampling temperature.
-    with_q=True also returns q (B, k, V), the distribution each token was drawn from (None at
-    temperature 0): exact SBD's acceptance rule needs it.
-    """
+    """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool): tokens
+    chosen from the logits with the mask token removed; which to reveal decided on the
+    temperature-1 distribution, whatever the sampling temperature. with_q=True also returns q
+    (B, k, V), what each token was drawn from (None at temperature 0), for exact SBD's check."""
     s = settings
     logits = suppress_mask(logits, s.mask_id)
     q = None if s.temperature == 0 else F.softmax(filter_logits(logits, s.temperature, s.top_k,

@@ -52,16 +52,13 @@ def sequence_positions(L, noisy_start=0, copies=1, device=None):
 
 
 def block_id(i, k, phase):
-    """Block of noisy position i when blocks of k start at positions phase, phase ± k, ...
-
-    phase lets blocks start where decoding blocks start (the first answer token) instead of at 0.
-    """
+    """Block of noisy position i when blocks of k start at positions phase, phase ± k, ...: phase
+    lets blocks start where decoding blocks start (the first answer token) instead of at 0."""
     return torch.div(i - phase, k, rounding_mode="floor")
 
 
 def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
     """Attention mask of the training sequence [clean 0..L-1 ; noisy L..] (True = may attend).
-
     Slots are laid out by slot_layout: noisy slot L + j is the noisy copy of position
     noisy_start + j (see first_noisy_position), and with complementary masks a second copy
     follows the first. With b(i) the block of noisy position i and start(i) its first position:
@@ -69,8 +66,7 @@ def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
       noisy query i -> clean key j   iff j < start(i)                 (the prefix before its block)
       noisy query i -> noisy key j   iff same copy and b(j) == b(i)   (bidirectional in its block)
       clean query   -> noisy key     never                            (NTP must not see noise)
-    No noisy copy sees another. The k=4 example, L=8, phase 0 (c = clean, n = noisy, 1 = may
-    attend):
+    No noisy copy sees another. k=4, L=8, phase 0 (c = clean, n = noisy, 1 = may attend):
                  c0 c1 c2 c3 c4 c5 c6 c7 | n0 n1 n2 n3 n4 n5 n6 n7
         c0..c7   lower triangle          | 0
         n0..n3   0  0  0  0  0  0  0  0  | 1  1  1  1  0  0  0  0
@@ -89,7 +85,6 @@ def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
 
 def hybrid_mask(q, kv, block_start):
     """Decoding mask over [prefix ; block]: causal up to block_start, then a bidirectional block.
-
     Slots < block_start (prompt, cache, a block being committed) attend causally; the block's slots
     attend to every prefix slot and to each other. With a KV cache the prefix is [cache ; committed
     previous block]. k=4 block after a 3-token prefix (block_start = 3):
@@ -102,15 +97,11 @@ def hybrid_mask(q, kv, block_start):
 
 
 def cache_mask(q, kv, block_start, end):
-    """hybrid_mask over a static KV cache's slots (model.KVCache: slots are positions).
-
-    q: a query's slot, kv a key's; block_start: the block's first slot (the slot after the
-    committed tokens), end: the first slot past the forward's real tokens. Keys from end on hold
-    nothing of this forward (not written yet, scratch, or padding) and are hidden; a padding query
-    (q >= end) sees itself too, so that no query sees no key (softmax of nothing is NaN, and a NaN
-    value in a hidden slot would still reach p @ v). Per row, block_start and end broadcast as
-    (B, 1, 1) against q (B, T, 1) and kv (max_len,).
-    """
+    """hybrid_mask over a static KV cache's slots (model.KVCache: slots are positions), q (B, T, 1)
+    a query's, kv (max_len,) a key's; block_start and end (B, 1, 1): the block's first slot and
+    the first slot past the forward's real tokens. Keys from end on (not written yet, scratch,
+    padding) are hidden; a padding query (q >= end) sees itself, so that no query sees no key
+    (softmax of nothing is NaN, and a NaN value in a hidden slot would still reach p @ v)."""
     return hybrid_mask(q, kv, block_start) & (kv < end) | (kv == q)
 
 
@@ -144,12 +135,10 @@ def training_block_mask(L, k, phases, noisy_start=0, copies=1):
 
 
 def add_noise(x, mask_id, maskable=None, generator=None):
-    """x̂: each token of x (B, L) replaced by mask_id with probability η, η ~ U(0,1) once per row.
-
-    maskable (B, L) bool restricts the noise to some tokens (e.g. the answer); others stay clean.
-    Returns (x̂, is_masked). Draws go through `generator` (train.py's CPU generator, so that a
-    resumed run draws what an uninterrupted one would) and then move to x's device.
-    """
+    """x (B, L) -> (x̂, is_masked (B, L) bool): each token replaced by mask_id with probability
+    η, η ~ U(0,1) once per row; only where maskable (B, L) bool is True, if given (the answer).
+    Draws go through `generator` (train.py's CPU generator, so that a resumed run draws what an
+    uninterrupted one would) and then move to x's device."""
     B, L = x.shape
     device = generator.device if generator is not None else x.device
     eta = torch.rand(B, 1, generator=generator, device=device).to(x.device)  # (B, 1): rate per row
@@ -161,10 +150,8 @@ def add_noise(x, mask_id, maskable=None, generator=None):
 
 def block_phases(answer, k, rule, generator=None):
     """(B,) where each row's noisy blocks start, mod k (sbd_training_mask); answer (B, L) bool.
-
     rule 'answer': at the first answer position (where decoding starts its first block);
-    'random': uniform in 0..k-1 per row; 'zero': at position 0 (the paper's fixed grid).
-    """
+    'random': uniform in 0..k-1 per row; 'zero': at position 0 (the paper's fixed grid)."""
     if rule == "answer":
         return answer.int().argmax(dim=1) % k
     if rule == "random":
@@ -174,12 +161,9 @@ def block_phases(answer, k, rule, generator=None):
 
 def first_noisy_position(maskable, k, phases):
     """Where the noisy half may start: the start of the block that holds the first position any row
-    may mask.
-
-    Noisy copies before it are never masked and no masked token's block reaches back to them, so no
-    label and no attention reads them: leaving them out changes no logit that is read, only the
-    cost (the demo's 13 prompt tokens are 9% of its 146-token SBD forward).
-    """
+    may mask. Noisy copies before it are never masked and no masked token's block reaches back to
+    them, so no label and no attention reads them: leaving them out changes no logit that is read,
+    only the cost (the demo's 13 prompt tokens are 9% of its 146-token SBD forward)."""
     if maskable is None:
         return 0
     first = maskable.int().argmax(dim=1)  # (B,) each row's first maskable position (0 if none)
@@ -188,11 +172,9 @@ def first_noisy_position(maskable, k, phases):
 
 
 def noisy_labels(x, is_masked, k, phases, token_shift=False):
-    """(B, L) labels of a noisy copy, by the position each slot stands for (IGNORE_INDEX: none).
-
-    The paper's rule: slot i is labelled x[i] if position i is masked, and not at all otherwise.
-    token_shift: the labels of token shift's alignment (shift_labels).
-    """
+    """(B, L) labels of a noisy copy, by the position each slot stands for. The paper's rule: slot
+    i is labelled x[i] if position i is masked, else IGNORE_INDEX (no label); token_shift: the
+    labels of token shift's alignment (shift_labels)."""
     if token_shift:
         return shift_labels(x, is_masked, k, phases)
     return torch.where(is_masked, x, IGNORE_INDEX)
@@ -200,19 +182,11 @@ def noisy_labels(x, is_masked, k, phases, token_shift=False):
 
 def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=False,
                noisy_start=None, token_shift=False, complementary=False):
-    """The SBD training forward's tokens, positions, mask and labels for clean x (B, L) with NTP
-    targets y (B, L).
-
-    The forward is [clean x_0..x_{L-1} ; noisy x̂_s..x̂_{L-1}]: T = 2L - s tokens, where
-    s = noisy_start, by default first_noisy_position (0 without maskable: the paper's 2L).
-    complementary: two noisy copies, masked by m and by its complement over the maskable tokens
-    (Fast-dLLM v2), so that every maskable token is a masked input in one of them: T = 3L - 2s.
-    Positions: [0..L-1, s..L-1 (, s..L-1)], a noisy copy reuses the positions it stands for.
-    Mask: training_mask(L, k, phases, noisy_start=s, copies), one (T, T) matrix per row.
-    Labels: clean slot i -> y[i] (the next token); noisy slots by noisy_labels (token_shift: the
-    paper's rule, or the next-token alignment).
-    Returns idx (B, T), pos (T,), mask (B, T, T) (a BlockMask of it if flex), labels (B, T).
-    """
+    """The SBD training forward of clean x (B, L) with NTP targets y (B, L): noise m by add_noise
+    on maskable, laid out by sbd_layout -> idx (B, T), pos (T,), mask (B, T, T), labels (B, T).
+    noisy_start: s, by default first_noisy_position (0 without maskable: the paper's T = 2L).
+    complementary: a second noisy copy, masked by m's complement over the maskable tokens
+    (Fast-dLLM v2), so that every maskable token is a masked input once: T = 3L - 2s."""
     _, is_masked = add_noise(x, mask_id, maskable, generator)
     masks = [is_masked]
     if complementary:  # the complement: what m kept, masked now; the prompt stays clean in both
@@ -223,8 +197,10 @@ def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=Fal
 
 
 def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, flex=False):
-    """sbd_inputs for given noise: one noisy copy of x (B, L) per (B, L) bool mask in masks (its
-    masked tokens replaced by mask_id), laid out by slot_layout -> idx, pos, mask, labels."""
+    """[clean x (B, L) ; a noisy copy of positions s..L-1 (s = noisy_start) per (B, L) bool mask in
+    masks, masked tokens replaced by mask_id]: T = L + C (L - s) slots for C copies, laid out by
+    slot_layout -> idx (B, T), pos (T,), mask (B, T, T) (training_mask; its BlockMask if flex),
+    labels (B, T) (y, the next token, at clean slots; noisy_labels at noisy ones)."""
     L, copies = x.size(1), len(masks)
     noisy = [torch.where(masked, mask_id, x)[:, noisy_start:] for masked in masks]
     idx = torch.cat([x, *noisy], dim=1)  # (B, T)
@@ -239,19 +215,11 @@ def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, 
 
 
 def sbd_loss(logits, labels, L, ntp_weight=1.0):
-    """Eq. 14: cross-entropy over all labelled slots, NTP (clean half) and masked tokens (noisy
-    half).
-
-    logits (B, T, V) and labels (B, T) of sbd_inputs; the clean half is the first L slots, every
-    noisy copy after it counts as the noisy half. Logits
-    (N, V) are those of the labelled slots only, row by row (model(..., at=labels != IGNORE_INDEX)):
-    the same loss without the head's work on unlabelled slots.
-    The loss is Eq. 14 as a weighted mean over the labelled slots, each slot's -log p of its label
-    weighted ntp_weight in the clean half and 1 in the noisy half, divided by the total weight.
-    ntp_weight=1 is the paper's single cross-entropy over both halves; ntp_weight=0 drops the NTP
-    term (the paper's ablation, which hurts NTP quality).
-    Returns (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging.
-    """
+    """Eq. 14 as a weighted mean over the labelled slots of -log p(label), weight ntp_weight in the
+    clean half (the first L slots) and 1 in the noisy half (every copy after it): 1 is the paper's
+    one cross-entropy, 0 its ablation without the NTP term (which hurts NTP quality). logits
+    (B, T, V), or (N, V) at the labelled slots only, row by row (model's at=labels != IGNORE_INDEX).
+    -> (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging."""
     V, is_labelled = logits.size(-1), labels != IGNORE_INDEX
     if logits.dim() == 2:  # (N, V) at the labelled slots: the others' nll is 0 (weight 0)
         nll = torch.zeros(labels.shape, device=logits.device)

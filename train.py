@@ -237,10 +237,9 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
                                             flex=attention == "flex", token_shift=token_shift,
                                             complementary=complementary)  # mask (B, T, T)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
-    if adapter_rank and attention == "sdpa":
-        kv_dtype = ptdtype if use_autocast else None  # the keys' dtype under autocast
-        return sbd.adapter_loss(model, raw_model.new_cache(len(x), idx.size(1), device, kv_dtype),
-                                idx, pos, mask, labels, L, at)
+    if adapter_rank and attention == "sdpa":  # the cache's keys in autocast's dtype
+        cache = raw_model.new_cache(len(x), idx.size(1), device, ptdtype if use_autocast else None)
+        return sbd.adapter_loss(model, cache, idx, pos, mask, labels, L, at)
     logits, _ = model(idx, pos=pos, mask=mask, at=at, block_start=L)  # (B, T, V) or (N, V)
     # with an adapter the clean half is the frozen NTP model: its term would teach nothing
     return sbd.sbd_loss(logits, labels, L, 0.0 if adapter_rank else ntp_weight)
