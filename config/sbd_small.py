@@ -2,7 +2,7 @@
 # A 0.2M-parameter GPT learns column addition written out as a reasoning trace (data/addition):
 # first with next-token prediction (the baseline), then SBD fine-tuning of the same weights; at the
 # end evaluate.py calibrates γ on val and prints the paper's Table 1 on held-out test problems.
-# About 10 minutes on 2 CPU cores (README). train.py's defaults are this recipe; the values are
+# About 12 minutes on 2 CPU cores (README). train.py's defaults are this recipe; the values are
 # stated here so that the recipe reads in one place. Why each: docs/findings.md.
 out_dir = "out-sbd-small"
 dataset = "addition"
