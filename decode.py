@@ -118,8 +118,7 @@ def fill(model, cache, block, logits, settings, generator, widths):
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=block.device)
     is_masked, q_block = block == settings.mask_id, None  # (1, k)
     while True:
-        if settings.token_shift:  # position i's logits are slot read_at(i)'s, not slot i's
-            logits = block_predictions(logits, True)
+        logits = block_predictions(logits, settings.token_shift)  # position i: slot read_at(i)
         block, revealed, q = reveal_step(logits, block, is_masked, settings, generator, with_q=True)
         q_block = q if q_block is None else torch.where(revealed[..., None], q, q_block)
         is_masked = is_masked & ~revealed
