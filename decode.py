@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional as F
 
 from sampling import filter_logits, greedy, next_token, reveal_step, sample, suppress_mask
-from sbd import block_predictions, cache_mask
+from sbd import block_predictions, hybrid_mask
 
 # -----------------------------------------------------------------------------
 # the decoders
@@ -119,7 +119,7 @@ def fill(model, cache, block, logits, settings, generator, widths):
     is_masked, q_block = block == settings.mask_id, None  # (1, k)
     while True:
         logits = block_predictions(logits, settings.token_shift)  # position i: slot read_at(i)
-        block, revealed, q = reveal_step(logits, block, is_masked, settings, generator, with_q=True)
+        block, revealed, q = reveal_step(logits, block, is_masked, settings, generator)
         q_block = q if q_block is None else torch.where(revealed[..., None], q, q_block)
         is_masked = is_masked & ~revealed
         if not is_masked.any() or stop_reached(block, is_masked, stop):
@@ -170,23 +170,18 @@ def accept_sampled(drafts, q, p, generator=None):
 # the forward, and the rules of a block's first token and of its end
 
 
-def hybrid_forward(model, cache, tokens, n_commit, n_real=None):
+def hybrid_forward(model, cache, tokens, n_commit):
     """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
-    The first n_commit tokens are causal and committed to the cache; the next, up to n_real
-    (default T), are a block whose slots attend to the whole prefix and to each other (hybrid_mask)
-    and are never committed; any after n_real are padding that no real token sees (sbd.cache_mask).
-    n_commit, n_real: ints, or (B,) tensors, a value per row. Each row's tokens go to its next
-    slots (cache.lengths), and a token's position is its slot (padding: 0). Every decoding forward
-    is this function, eager or compiled by serving: fixed shapes per T, one graph per width."""
-    T = tokens.size(1)
-    n_real = T if n_real is None else n_real
-    q = cache.next_slots(T)  # (B, T): the slots
-    start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
-    end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
-    mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
-    pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
-    return model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit,
-                 block_start=start[..., 0])[0]  # (B, 1): a block adapter reads from there on
+    The first n_commit tokens (an int, or (B,) per row) are causal and committed to the cache;
+    the others are a block whose slots attend to the whole prefix and to each other
+    (sbd.hybrid_mask) and are never committed. Each row's tokens go to its next slots
+    (cache.lengths): a token's position is its slot, and no query sees a slot past the forward's."""
+    q = cache.next_slots(tokens.size(1))  # (B, T): the slots
+    start = (cache.lengths + n_commit)[:, None]  # (B, 1): the block's first slot
+    mask = hybrid_mask(q[..., None], cache.slots, start[..., None])  # (B, T, max_len)
+    mask &= cache.slots <= q[:, -1:, None]  # not the slots past the forward's (unwritten)
+    return model(tokens, pos=q, mask=mask, cache=cache, n_commit=n_commit,
+                 block_start=start)[0]  # a block adapter reads block_start (B, 1) too
 
 
 def reveal_first(block, is_masked, causal, settings, generator=None):

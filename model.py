@@ -153,9 +153,8 @@ def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
 
 
 def attention_bias(mask, dtype):
-    """A bool mask (True = may attend) -> the additive bias SDPA makes of it (0 or -inf), once per
-    forward for all layers, where SDPA would convert it in every layer (~3 us each on a CPU, and a
-    (B, T, S) tensor each for a dense training mask). None, a bias or a BlockMask pass through."""
+    """A bool mask (True = may attend) -> SDPA's additive bias (0 or -inf), made once per forward
+    where SDPA would make it in every layer. None, a bias or a BlockMask pass through."""
     if not torch.is_tensor(mask) or mask.dtype != torch.bool:
         return mask
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
@@ -390,13 +389,12 @@ class GPT(nn.Module):
         """idx (B, T) token ids -> logits (B, T, vocab), and the loss if targets (B, T) are given.
         pos: (T,) or (B, T) position ids; default = slot index (each row's cache length + 0..T-1).
         mask: (T, S) or (B, T, S) bool, True = may attend, default causal; with a cache, over its
-        slots 0..max_len-1 (a mask of fewer covers the first S; the rest are hidden).
+        first S slots (the rest hidden).
         cache: a KVCache; the first n_commit (default all T; or (B,) per row) tokens are appended.
         at: (B, T) bool -> logits (N, vocab) only where True, row by row (training: the labelled
-        slots; the head is a large share of a small model's work, its logits the largest buffer).
+        slots, as the head is a large share of a small model's work).
         block_start: the block's first slot (an int, or (B, 1) per row): the slots a block adapter
         sees (in_block); None: no slot (every causal forward)."""
-        B, T = idx.size()
         pos, mask, n_commit = resolve_defaults(idx, pos, mask, cache, n_commit, self.max_seq_len)
         gate = None if self.block_adapter is None else block_gate(self, idx, cache, block_start)
         x = self.transformer.wte(idx) if gate is None else adapted_embedding(self, idx, gate)
@@ -435,8 +433,7 @@ def adapted_embedding(model, idx, gate):
 
 
 def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
-    """Fill in the optional forward() arguments shared by GPT and Llama, and check them (not while
-    torch.compile traces: a compiled decode step is checked by its caller)."""
+    """GPT's and Llama's optional forward() arguments, filled in and checked."""
     T = idx.size(1)
     if pos is None:  # slot positions: 0..T-1, or each row's cache length + 0..T-1
         pos = torch.arange(T, device=idx.device) if cache is None else cache.next_slots(T)

@@ -4,7 +4,7 @@ which masked positions a forward reveals (docs/method.md, Reveal rules), the tok
 or a draw with temperature, top-k and top-p), and the settings of a trained checkpoint.
 
     settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)
-    block, revealed = reveal_step(logits, block, is_masked, settings)
+    block, revealed, _ = reveal_step(logits, block, is_masked, settings)
 """
 
 import dataclasses
@@ -219,11 +219,11 @@ def next_token(causal_logits, settings, generator=None):
     return pick_tokens(logits, s.temperature, s.top_k, generator, s.top_p)
 
 
-def reveal_step(logits, block, is_masked, settings, generator=None, with_q=False):
-    """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool): tokens
+def reveal_step(logits, block, is_masked, settings, generator=None):
+    """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool, q): tokens
     chosen from the logits with the mask token removed; which to reveal decided on the
-    temperature-1 distribution, whatever the sampling temperature. with_q=True also returns q
-    (B, k, V), what each token was drawn from (None at temperature 0), for exact SBD's check."""
+    temperature-1 distribution, whatever the sampling temperature. q (B, k, V): what each token
+    was drawn from (None at temperature 0), for exact SBD's check."""
     s = settings
     logits = suppress_mask(logits, s.mask_id)
     q = None if s.temperature == 0 else F.softmax(filter_logits(logits, s.temperature, s.top_k,
@@ -235,7 +235,7 @@ def reveal_step(logits, block, is_masked, settings, generator=None, with_q=False
         probs = F.softmax(logits.float(), dim=-1)  # (B, k, V)
         revealed = REVEAL_RULES[s.rule](probs, is_masked, s.gamma)  # (B, k)
     block = torch.where(revealed, tokens, block)
-    return (block, revealed, q) if with_q else (block, revealed)
+    return block, revealed, q
 
 
 # -----------------------------------------------------------------------------

@@ -59,9 +59,8 @@ def block_id(i, k, phase):
 
 def sbd_training_mask(q, kv, L, k, phase=0, noisy_start=0):
     """Attention mask of the training sequence [clean 0..L-1 ; noisy L..] (True = may attend).
-    Slots are laid out by slot_layout: noisy slot L + j is the noisy copy of position
-    noisy_start + j (see first_noisy_position), and with complementary masks a second copy
-    follows the first. With b(i) the block of noisy position i and start(i) its first position:
+    Slots as slot_layout lays them out; with b(i) the block of noisy position i and start(i) its
+    first position:
       clean query i -> clean key j   iff j <= i                       (causal, plain NTP)
       noisy query i -> clean key j   iff j < start(i)                 (the prefix before its block)
       noisy query i -> noisy key j   iff same copy and b(j) == b(i)   (bidirectional in its block)
@@ -96,15 +95,6 @@ def hybrid_mask(q, kv, block_start):
     return causal_mask(q, kv) | in_block(q, block_start)
 
 
-def cache_mask(q, kv, block_start, end):
-    """hybrid_mask over a static KV cache's slots (model.KVCache: slots are positions), q (B, T, 1)
-    a query's, kv (max_len,) a key's; block_start and end (B, 1, 1): the block's first slot and
-    the first slot past the forward's real tokens. Keys from end on (not written yet, scratch,
-    padding) are hidden; a padding query (q >= end) sees itself, so that no query sees no key
-    (softmax of nothing is NaN, and a NaN value in a hidden slot would still reach p @ v)."""
-    return hybrid_mask(q, kv, block_start) & (kv < end) | (kv == q)
-
-
 def training_mask(L, k, phases, device=None, noisy_start=0, copies=1):
     """Dense (B, T, T) training masks, one per row's block phase (phases: (B,) long);
     T = L + copies (L - noisy_start)."""
@@ -137,8 +127,7 @@ def training_block_mask(L, k, phases, noisy_start=0, copies=1):
 def add_noise(x, mask_id, maskable=None, generator=None):
     """x (B, L) -> (x̂, is_masked (B, L) bool): each token replaced by mask_id with probability
     η, η ~ U(0,1) once per row; only where maskable (B, L) bool is True, if given (the answer).
-    Draws go through `generator` (train.py's CPU generator, so that a resumed run draws what an
-    uninterrupted one would) and then move to x's device."""
+    Draws come from `generator` (train.py's, on the CPU: a resumed run draws the same)."""
     B, L = x.shape
     device = generator.device if generator is not None else x.device
     eta = torch.rand(B, 1, generator=generator, device=device).to(x.device)  # (B, 1): rate per row
@@ -161,9 +150,8 @@ def block_phases(answer, k, rule, generator=None):
 
 def first_noisy_position(maskable, k, phases):
     """Where the noisy half may start: the start of the block that holds the first position any row
-    may mask. Noisy copies before it are never masked and no masked token's block reaches back to
-    them, so no label and no attention reads them: leaving them out changes no logit that is read,
-    only the cost (the demo's 13 prompt tokens are 9% of its 146-token SBD forward)."""
+    may mask. No label and no attention reads the noisy copies before it (never masked, and no
+    masked token's block reaches back to them): leaving them out changes only the cost."""
     if maskable is None:
         return 0
     first = maskable.int().argmax(dim=1)  # (B,) each row's first maskable position (0 if none)
@@ -216,17 +204,13 @@ def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, 
 
 def sbd_loss(logits, labels, L, ntp_weight=1.0):
     """Eq. 14 as a weighted mean over the labelled slots of -log p(label), weight ntp_weight in the
-    clean half (the first L slots) and 1 in the noisy half (every copy after it): 1 is the paper's
-    one cross-entropy, 0 its ablation without the NTP term (which hurts NTP quality). logits
-    (B, T, V), or (N, V) at the labelled slots only, row by row (model's at=labels != IGNORE_INDEX).
-    -> (loss, ntp_loss, masked_loss): the last two unweighted means, detached, for logging."""
-    V, is_labelled = logits.size(-1), labels != IGNORE_INDEX
-    if logits.dim() == 2:  # (N, V) at the labelled slots: the others' nll is 0 (weight 0)
-        nll = torch.zeros(labels.shape, device=logits.device)
-        nll[is_labelled] = F.cross_entropy(logits.float(), labels[is_labelled], reduction="none")
-    else:
-        nll = F.cross_entropy(logits.float().reshape(-1, V), labels.reshape(-1),
-                              ignore_index=IGNORE_INDEX, reduction="none").view(labels.shape)
+    clean half (the first L slots) and 1 in the noisy copies: 1 is the paper's one cross-entropy,
+    0 its ablation without the NTP term. logits (B, T, V), or (N, V) at the labelled slots only
+    (model's at). -> (loss, ntp_loss, masked_loss): the last two unweighted, detached, to log."""
+    is_labelled = labels != IGNORE_INDEX  # (B, T)
+    at_labels = logits if logits.dim() == 2 else logits[is_labelled]  # (N, V)
+    nll = torch.zeros(labels.shape, device=logits.device)  # unlabelled slots: 0, weight 0
+    nll[is_labelled] = F.cross_entropy(at_labels.float(), labels[is_labelled], reduction="none")
     labelled = is_labelled.float()  # (B, T)
     weight = torch.cat([labelled[:, :L] * ntp_weight, labelled[:, L:]], dim=1)  # (B, T)
     # a batch without labels gives 0, not 0/0; any positive total weight divides as it is

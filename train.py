@@ -216,8 +216,7 @@ def get_batch(split, generator, rows):
     x, y, answer = data[split]
     ix = torch.randint(len(x), (rows,), generator=generator)
     x, y, answer = x[ix], y[ix], answer[ix]
-    if llama:  # chat rows end in padding: cut the columns that are padding in every row. Nothing
-        # earlier attends to them and they carry no label, so the loss is the same, for less work
+    if llama:  # chat rows end in padding: drop the columns no row uses (no label, no attention)
         used = ((y != IGNORE_INDEX) | answer).any(0).nonzero()  # a label, or a token to mask
         n = int(used.max()) + 1 if len(used) else 1
         x, y, answer = x[:, :n], y[:, :n], answer[:, :n]
@@ -461,9 +460,8 @@ while iter_num < total_iters:
         estimated_at = iter_num
     if iter_num == halt_after:
         break
-    sbd_step = iter_num - ntp_iters
-    if stage == "sbd" and snapshot_interval and sbd_step % snapshot_interval == 0:
-        save(f"sbd_step{sbd_step}", stage_checkpoint())  # the weights before this step
+    if stage == "sbd" and snapshot_interval and (iter_num - ntp_iters) % snapshot_interval == 0:
+        save(f"sbd_step{iter_num - ntp_iters}", stage_checkpoint())  # the weights before this step
 
     lr = lr_at(iter_num)
     for group in optimizer.param_groups:
@@ -496,8 +494,8 @@ while iter_num < total_iters:
             step_seconds[stage] = dt
         progress = (f", {clock(t0 - started)} elapsed, ~{clock(time_left())} left"
                     if step_seconds else "")
-        copies = 0 if stage == "ntp" else 1 + complementary_masks  # noisy copies per row
-        tokens = rows * gradient_accumulation_steps * world_size * L * (1 + copies)
+        copies = 1 if stage == "ntp" else 2 + complementary_masks  # clean half + noisy copies
+        tokens = rows * gradient_accumulation_steps * world_size * L * copies
         masked_text = f", masked-token {masked_loss.item():.4f} (k={k})" if stage == "sbd" else ""
         # the configs' memory estimates are checked against this peak
         memory = (f", peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB"

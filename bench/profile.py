@@ -6,7 +6,7 @@ split into
 
   model        the model's forward, minus the parts below that run inside it
   cache        KV cache updates (KVCache extend, commit, truncate, forget)
-  masks        mask building (dense_mask, over_the_cache, attention_bias, sbd.cache_mask as the
+  masks        mask building (dense_mask, over_the_cache, attention_bias, cache_mask as the
                decode step calls it)
   syncs        host syncs: Tensor.item, tolist, bool(tensor), int(tensor), float(tensor)
   bookkeeping  the rest of the decode's wall clock: the decoders' own Python and small tensor ops
@@ -42,7 +42,8 @@ SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero"}
 TARGETS = [
     (model_lib.KVCache, "extend", "cache"), (model_lib.KVCache, "commit", "cache"),
     (model_lib.KVCache, "truncate", "cache"), (model_lib.KVCache, "forget", "cache"),
-    (decode, "cache_mask", "masks"), (model_lib, "over_the_cache", "masks"),
+    (batched, "cache_mask", "masks"), (decode, "hybrid_mask", "masks"),
+    (model_lib, "over_the_cache", "masks"),
     (model_lib, "attention_bias", "masks"),
     (torch.Tensor, "item", "syncs"), (torch.Tensor, "tolist", "syncs"),
     (torch.Tensor, "__bool__", "syncs"), (torch.Tensor, "__int__", "syncs"),

@@ -24,7 +24,7 @@ import torch
 from configurator import ConfigError
 from decode import DecodeStats, hybrid_forward, prefill, reveal_first, stop_reached, synchronize
 from sampling import next_token, reveal_step
-from sbd import block_predictions
+from sbd import block_predictions, hybrid_mask
 
 # -----------------------------------------------------------------------------
 # the step view's records (a decode's stats are decode.DecodeStats)
@@ -113,7 +113,31 @@ CACHES = {}  # compiled decoding's caches, by (model, batch size, slots, dtype, 
 
 
 # -----------------------------------------------------------------------------
-# the decode step: decode.hybrid_forward on the static cache, eager or compiled
+# the decode step: decode.hybrid_forward on the static cache, padded, eager or compiled
+
+
+def padded_forward(model, cache, tokens, n_commit, n_real):
+    """decode.hybrid_forward of the first n_real tokens of tokens (B, T) -> logits (B, T, V); the
+    tokens after n_real are padding that no real token sees (cache_mask), at position 0. n_commit,
+    n_real: ints, or (B,) per row. With n_real = T it is hybrid_forward, logit for logit
+    (tests/test_fast_decode.py); padded to a few widths, every forward of a width is one graph."""
+    T = tokens.size(1)
+    q = cache.next_slots(T)  # (B, T): the slots
+    start = (cache.lengths + n_commit)[:, None, None]  # (B, 1, 1): the block's first slot
+    end = (cache.lengths + n_real)[:, None, None]  # (B, 1, 1): the first padding slot
+    mask = cache_mask(q[..., None], cache.slots, start, end)  # (B, T, max_len)
+    pos = torch.where(q < end[..., 0], q, 0)  # (B, T); padding at 0 (nothing reads it)
+    return model(tokens, pos=pos, mask=mask, cache=cache, n_commit=n_commit,
+                 block_start=start[..., 0])[0]
+
+
+def cache_mask(q, kv, block_start, end):
+    """sbd.hybrid_mask over a static KV cache's slots, q (B, T, 1) a query's, kv (max_len,) a
+    key's; block_start and end (B, 1, 1): the block's first slot and the first slot past the
+    forward's real tokens. Keys from end on (not written yet, scratch, padding) are hidden; a
+    padding query (q >= end) sees itself, so that no query sees no key (softmax of nothing is NaN,
+    and a NaN value in a hidden slot would still reach p @ v)."""
+    return hybrid_mask(q, kv, block_start) & (kv < end) | (kv == q)
 
 
 def decode_forward(model, cache, tokens, n_commit, n_real=None):
@@ -124,8 +148,10 @@ def decode_forward(model, cache, tokens, n_commit, n_real=None):
     causal = isinstance(n_commit, int) and n_commit == T and n_real in (None, T)  # NTP, prefill
     if widths is None and causal:
         return model(tokens, cache=cache)[0]  # the model's default positions and mask
+    if widths is None and n_real is None:
+        return hybrid_forward(model, cache, tokens, n_commit)
     if widths is None:
-        return hybrid_forward(model, cache, tokens, n_commit, n_real)
+        return padded_forward(model, cache, tokens, n_commit, n_real)
     B, n_real = tokens.size(0), T if n_real is None else n_real
     room = cache.max_len - (int(cache.lengths.max()) if T > 1 else 0)
     W = next((w for w in widths if T <= w <= room), T)  # a new width compiles a new graph
@@ -152,19 +178,19 @@ def warm_up(model, prompt, n_slots, settings):
 
 @functools.cache
 def compiled_step(device_type):
-    """torch.compile of hybrid_forward: static shapes (one graph per width and cache size), each
+    """torch.compile of padded_forward: static shapes (one graph per width and cache size), each
     forward one graph. On a CPU inductor, the weights frozen into the graph as constants so that
     it packs them for the CPU's matrix kernels once; on a GPU CUDA graphs (reduce-overhead): one
     replay per step instead of a kernel launch per op (gpt-fast's recipe)."""
     check_compiler(device_type)
     torch._dynamo.config.cache_size_limit = 64  # a graph per width, batch size and cache size
     if device_type == "cuda":
-        return torch.compile(hybrid_forward, mode="reduce-overhead", fullgraph=True,
+        return torch.compile(padded_forward, mode="reduce-overhead", fullgraph=True,
                              dynamic=False)
     import torch._inductor.config as inductor_config
 
     inductor_config.freezing = True
-    return torch.compile(hybrid_forward, fullgraph=True, dynamic=False)
+    return torch.compile(padded_forward, fullgraph=True, dynamic=False)
 
 
 def cxx_compiler():
@@ -270,7 +296,7 @@ def decode_block(model, cache, prev, kb, active, settings, stop, generator=None)
         if prev.size(1) and settings.first_from_ntp:  # slot 0 from the causal logits, exactly
             block, is_masked, by_first = reveal_first(block, is_masked, causal, settings, generator)
         prev = prev[:, :0]  # committed: later forwards of this block feed the block alone
-        block, revealed = reveal_step(logits, block, is_masked, settings, generator)
+        block, revealed, _ = reveal_step(logits, block, is_masked, settings, generator)
         is_masked = is_masked & ~revealed
         finished = finished | stop_reached(block, is_masked, stop)
         is_masked = is_masked & ~finished[:, None]

@@ -21,7 +21,7 @@ sampling's; γ and the block size only trade forwards on rejected drafts against
 Rows of a batch keep different numbers of drafts, so each row has its own cache length (the static
 cache's lengths, model.KVCache), and all rows run their forwards in lockstep: a forward feeds every
 row's pending tokens and block, one after the other, padded at the end to the widest row, and its
-mask (sbd.cache_mask) hides the padding.
+mask (serving.batched.cache_mask) hides the padding.
 
     tokens, stats = exact_generate(model, prompts, DecodeSettings(mask_id=31, exact=True), 64)
 """
@@ -200,7 +200,7 @@ class Rows:
         drafting = True if all(drafting) else torch.tensor(drafting, device=logits.device)[:, None]
         masked = self.is_masked[:, :W] & drafting
         block, revealed, q = reveal_step(logits, self.block[:, :W], masked, self.settings,
-                                         generator, with_q=True)
+                                         generator)
         if q is not None:  # keep each draw's distribution q for the acceptance rule
             self.q[:, :W] = torch.where(revealed[..., None], q, self.q[:, :W])
         self.block[:, :W] = block
@@ -368,7 +368,8 @@ def lockstep_forward(model, cache, rows):
     """One forward of every row's pending tokens and block -> logits (B, P + W, V) of the padded
     layout [pending (B, P) ; block (B, W)], pending (B, P), n_prev and fed per row. Each row feeds
     its own tokens one after the other, at its own cache slots, padded at the end to the widest
-    row (the mask hides the padding, sbd.cache_mask); its logits are put back in that layout."""
+    row (the mask hides the padding, serving.batched.cache_mask); its logits are put back in that
+    layout."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
     fed = [rows.fed(b) for b in range(len(n_prev))]
     P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id

@@ -33,7 +33,6 @@ def task_of_checkpoint(checkpoint, checkpoint_path, tokenizer=None):
 
 
 def step_generator(seed, rank, iteration):
-    """The generator of a training step's draws (train.py: its k, then its rows, then the noise):
-    a function of (seed, rank, iteration) alone, so a resumed run draws what an uninterrupted one
-    would."""
+    """The generator of a training step's draws (its k, rows and noise): a function of (seed, rank,
+    iteration) alone, so a resumed run draws what an uninterrupted one would."""
     return torch.Generator().manual_seed(hash((seed, rank, iteration)) % 2**63)

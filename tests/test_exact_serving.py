@@ -18,10 +18,9 @@ from torch.nn import functional as F
 import decode
 import model as model_lib
 import sampling
-import sbd
 import tiny_models
 from sampling import DecodeSettings, filter_logits
-from serving import exact
+from serving import batched, exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -84,7 +83,7 @@ def test_cache_mask_is_the_hybrid_mask_without_the_padding():
     static cache's whole buffer: slots 10-11 hold nothing of this forward)."""
     q = torch.arange(2, 10)[:, None]
     kv = torch.arange(12)[None, :]
-    mask = sbd.cache_mask(q, kv, block_start=2 + 2, end=2 + 5)
+    mask = batched.cache_mask(q, kv, block_start=2 + 2, end=2 + 5)
     #           cache | p0 p1 | b0 b1 b2 | pad pad pad | unused
     by_hand = [[1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],  # p0: causal
                [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0],  # p1

@@ -48,7 +48,7 @@ def test_step_with_rows_of_different_lengths_equals_each_row_uncached(family):
             for layer in range(len(cache.k)):
                 cache.k[layer][b], cache.v[layer][b] = one.k[layer][0], one.v[layer][0]
         cache.lengths = torch.tensor([6, 3])
-        logits = decode.hybrid_forward(m, cache, new, torch.tensor([2, 2]), torch.tensor([5, 5]))
+        logits = batched.padded_forward(m, cache, new, torch.tensor([2, 2]), torch.tensor([5, 5]))
     assert cache.lengths.tolist() == [8, 5]  # the 2 pending tokens committed, nothing else
     for b, row in enumerate(cached):
         tokens = torch.cat([row, new[b, :5]])[None]  # (1, n + 5): no padding
@@ -56,6 +56,23 @@ def test_step_with_rows_of_different_lengths_equals_each_row_uncached(family):
         mask = torch.tensor([[j <= i or i >= n + 2 for j in range(T)] for i in range(T)])
         full, _ = m(tokens, mask=mask)
         assert torch.allclose(logits[b, :5], full[0, n:], atol=1e-10)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_forward_without_padding_is_the_reference_forward(family):
+    """serving's padded_forward with n_real = T (nothing padded) gives decode.hybrid_forward's
+    logits bit for bit and commits the same tokens, at rows of different cache lengths."""
+    m = tiny_models.random_model(family, std=0.5)
+    prefix, new = prompts(m, 2, 5, seed=1), prompts(m, 2, 6, seed=2)
+    logits, lengths = [], []
+    for forward in (decode.hybrid_forward, lambda *a: batched.padded_forward(*a, 6)):
+        cache = m.new_cache(2, 16, "cpu")
+        with torch.inference_mode():
+            m(prefix, cache=cache)
+            cache.forget(1, 2)  # row 1 holds 3 tokens, row 0 holds 5
+            logits.append(forward(m, cache, new, torch.tensor([2, 1])))
+        lengths.append(cache.lengths.tolist())
+    assert torch.equal(logits[0], logits[1]) and lengths[0] == lengths[1] == [7, 4]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

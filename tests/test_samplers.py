@@ -62,7 +62,7 @@ def test_one_forward_reveals_what_every_rule_reveals(rule):
     logits = torch.cat([torch.randn(2, 16, 5000, generator=g), torch.zeros(1, 16, 5000)])
     is_masked = torch.rand(3, 16, generator=g) < 0.7
     settings = sampling.DecodeSettings(mask_id=None, k=16, gamma=sampling.ONE_FORWARD, rule=rule)
-    block, revealed = sampling.reveal_step(logits, torch.zeros(3, 16, dtype=torch.long),
+    block, revealed, _ = sampling.reveal_step(logits, torch.zeros(3, 16, dtype=torch.long),
                                            is_masked, settings)
     by_rule = sampling.REVEAL_RULES[rule](logits.softmax(-1), is_masked, sampling.ONE_FORWARD)
     assert torch.equal(revealed, by_rule) and torch.equal(revealed, is_masked)
@@ -178,9 +178,9 @@ def test_block_sampler_reveals_on_the_temperature_one_distribution():
     is_masked = torch.ones(3, 6, dtype=torch.bool)
     greedy = sampling.DecodeSettings(mask_id=19, gamma=0.5)
     hot = greedy.replace(temperature=5.0)
-    _, revealed_greedy = sampling.reveal_step(logits, block, is_masked, greedy)
-    new_block, revealed_hot = sampling.reveal_step(logits, block, is_masked, hot,
-                                                   torch.Generator().manual_seed(0))
+    _, revealed_greedy, _ = sampling.reveal_step(logits, block, is_masked, greedy)
+    new_block, revealed_hot, _ = sampling.reveal_step(logits, block, is_masked, hot,
+                                                      torch.Generator().manual_seed(0))
     assert torch.equal(revealed_greedy, revealed_hot)
     assert not (new_block[revealed_hot] == 19).any()
     assert (new_block[~revealed_hot] == 19).all(), "unrevealed positions stay masked"
