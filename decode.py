@@ -2,9 +2,10 @@
 Decoding one prompt, the reference: next-token decoding (NTP), Set Block Decoding (the paper's
 Algorithms 2-3) and exact SBD, each one function on one screen (docs/method.md, Inference and Exact
 mode). Batch 1 and eager: no padding, no compiled graphs, no adaptive blocks, no draft floor.
-The rules every decoder shares are written here once: the hybrid forward, the block's first token,
-when a row stops and the acceptance rule. serving/ decodes batches, compiled, by calling them, and
-gives the same tokens (tests/test_reference_decoding.py).
+The rules every decoder shares are written here once: the block's first token, when a row stops
+and the acceptance rule (the hybrid mask is sbd.hybrid_mask). serving/ decodes batches, compiled,
+by calling them, and gives the same tokens (tests/test_reference_decoding.py); its padded forward
+is hybrid_forward where nothing is padded (tests/test_fast_decode.py).
 
 Every decoder writes the prompt but its last token into a fresh KV cache with one causal forward
 (the prefill, not counted), and keeps the last prompt token "pending": the first decode forward

@@ -1,8 +1,10 @@
 """
 Decoding batches for serving: next-token decoding (NTP, the baseline) and Set Block Decoding (the
 paper's Algorithms 2-3; docs/method.md, Inference), eager or compiled through a static KV cache,
-and the step view. The method's rules (the hybrid forward, the block's first token, when a row
-stops) are decode.py's, called here; decode.py decodes one prompt with them on one screen.
+and the step view. The method's rules (the hybrid mask, the block's first token, when a row stops)
+are sbd.py's and decode.py's, called here; decode.py decodes one prompt with them on one screen.
+What is serving's own: forwards padded to a few compiled widths (padded_forward), the cache kept
+per shape, the compiled step.
 
 Both decoders share decode.py's convention, so that their forward counts and timings compare like
 with like: prompt[:-1] is prefilled causally into the KV cache (one forward, counted apart as the
