@@ -11,13 +11,12 @@ Every decoder writes the prompt but its last token into a fresh KV cache with on
 (the prefill, not counted), and keeps the last prompt token "pending": the first decode forward
 feeds it, as every later forward feeds the newest tokens. Each returns (tokens, stats), as
 serving's decoders do for a batch: [the new ids up to and including the first stop token], and a
-DecodeStats.
+DecodeStats of forwards and tokens. They do not time themselves: the caller does (sample.py).
 
     settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)  # sampling.py
     tokens, stats = sbd(model, prompt, settings, max_new_tokens=64)  # prompt (1, T0)
 """
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -34,15 +33,14 @@ from sbd import block_predictions, hybrid_mask
 def ntp(model, prompt, settings, max_new_tokens, generator=None):
     """Next-token decoding: each forward feeds the newest token and yields the next (NFE = tokens).
     NTP uses the settings' stop tokens, mask token (never emitted) and sampling."""
-    t0 = time.perf_counter()
     cache = new_cache(model, prompt, max_new_tokens)
-    pending, prefill_info = prefill(model, prompt, cache)  # (1, 1): the last prompt token
+    pending = prefill(model, prompt, cache)  # (1, 1): the last prompt token
     out = []
     while not finished(out, settings, max_new_tokens):
         logits = model(pending, cache=cache)[0]  # (1, 1, V), causal: pending is committed
         pending = next_token(logits[:, -1], settings, generator)[:, None]  # (1, 1)
         out.append(int(pending))
-    return result(out, [1] * len(out), prefill_info, t0)
+    return result(out, [1] * len(out), prompt)
 
 
 @torch.inference_mode()
@@ -51,9 +49,8 @@ def sbd(model, prompt, settings, max_new_tokens, generator=None):
     and commits the previous block causally; its last causal logit gives block position 0 NTP's
     token (first_from_ntp), and the reveal rule reveals the others in this forward and later ones
     (fill). The row ends at a stop token with every position before it revealed."""
-    t0 = time.perf_counter()
     cache = new_cache(model, prompt, max_new_tokens)
-    prev, prefill_info = prefill(model, prompt, cache)  # (1, 1): committed by the first forward
+    prev = prefill(model, prompt, cache)  # (1, 1): committed by the first forward
     out, widths = [], []
     while not finished(out, settings, max_new_tokens):
         k = min(settings.k, max_new_tokens - len(out))  # the last block is cut to fit
@@ -65,23 +62,21 @@ def sbd(model, prompt, settings, max_new_tokens, generator=None):
                                        logits[:, :prev.size(1)], settings, generator)
         block, _ = fill(model, cache, block, logits[:, prev.size(1):], settings, generator, widths)
         out, prev = out + until_stop(block[0].tolist(), settings), block
-    return result(out, widths, prefill_info, t0)
+    return result(out, widths, prompt)
 
 
 @torch.inference_mode()
 def exact(model, prompt, settings, max_new_tokens, generator=None):
     """Exact SBD: plain SBD's blocks are drafts, each checked (accept) by the causal logits of the
-    forward that commits it, NTP's own logits there; the output is NTP decoding's (docs/method.md,
-    Exact mode). The drafts before the first rejected one are kept, then NTP's token: it replaces
-    a rejected draft (the cache forgets the drafts after it, and the new block, drafted after a
-    wrong token, is dropped), or else starts the new block. Drafts that end the row get a forward
-    that only checks them. Sampling needs rule 'left' (DecodeSettings(exact=True) says so).
-    -> (tokens, stats) as ntp's; stats.accepted and .rejected: the drafts kept and thrown away."""
+    forward that commits it, so the output is NTP decoding's (docs/method.md, Exact mode). The
+    drafts before the first rejected one are kept, then NTP's token: it replaces a rejected draft
+    (the cache forgets the drafts after it; the new block, drafted after them, is dropped) or
+    starts the new block; drafts that end the row get a forward that only checks them. Sampling
+    needs rule 'left'. stats.accepted and .rejected count the drafts kept and thrown away."""
     if settings.adaptive or settings.min_draft_prob:
         raise ValueError("adaptive blocks and the draft floor are serving's: serving.exact.decode")
-    t0 = time.perf_counter()
     cache = new_cache(model, prompt, max_new_tokens + 2 * settings.k)  # and a forward's room
-    pending, prefill_info = prefill(model, prompt, cache)  # (1, 1 + n): a checked token, n drafts
+    pending = prefill(model, prompt, cache)  # (1, 1 + n): a checked token, n drafts
     q, out, widths, accepted, rejected = None, [], [], 0, 0  # q (1, n, V): what drafts drew from
     while not finished(out, settings, max_new_tokens):
         n = pending.size(1) - 1
@@ -104,7 +99,7 @@ def exact(model, prompt, settings, max_new_tokens, generator=None):
                 block, q = fill(model, cache, block, logits[:, n + 1:], settings, generator, widths)
             pending = block[:, :len(until_stop(block[0].tolist(), settings))]
             q = None if q is None else q[:, 1:pending.size(1)]  # (1, n, V): position 0 is NTP's
-    return result(out, widths, prefill_info, t0, accepted=accepted, rejected=rejected)
+    return result(out, widths, prompt, accepted=accepted, rejected=rejected)
 
 
 # -----------------------------------------------------------------------------
@@ -112,10 +107,9 @@ def exact(model, prompt, settings, max_new_tokens, generator=None):
 
 
 def fill(model, cache, block, logits, settings, generator, widths):
-    """The reveal rule reveals masked slots of block (1, k) from its logits (1, k, V), then from
-    forwards of the block alone (committing nothing), until no mask is left or a stop token has
-    every position before it revealed. -> (block, q (1, k, V): the distributions the revealed
-    tokens were drawn from, for exact SBD's check; None when greedy)."""
+    """Reveal block's (1, k) masked slots from its logits (1, k, V), then from forwards of the block
+    alone, until no mask is left or a stop token has every slot before it revealed. -> (block,
+    q (1, k, V): the distributions its tokens were drawn from, for exact SBD; None if greedy)."""
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=block.device)
     is_masked, q_block = block == settings.mask_id, None  # (1, k)
     while True:
@@ -172,11 +166,10 @@ def accept_sampled(drafts, q, p, generator=None):
 
 
 def hybrid_forward(model, cache, tokens, n_commit):
-    """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V).
-    The first n_commit tokens (an int, or (B,) per row) are causal and committed to the cache;
-    the others are a block whose slots attend to the whole prefix and to each other
-    (sbd.hybrid_mask) and are never committed. Each row's tokens go to its next slots
-    (cache.lengths): a token's position is its slot, and no query sees a slot past the forward's."""
+    """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V). The
+    first n_commit tokens (an int, or (B,) per row) are causal and committed to the cache; the
+    others are a block whose slots see the whole prefix and each other (sbd.hybrid_mask), never
+    committed. Each row's tokens go to its next slots (cache.lengths): a position is its slot."""
     q = cache.next_slots(tokens.size(1))  # (B, T): the slots
     start = (cache.lengths + n_commit)[:, None]  # (B, 1): the block's first slot
     mask = hybrid_mask(q[..., None], cache.slots, start[..., None])  # (B, T, max_len)
@@ -212,22 +205,11 @@ def new_cache(model, prompt, n_slots):
 
 
 def prefill(model, prompt, cache):
-    """Write prompt[:-1] into the fresh KV cache with one causal forward -> (pending (B, 1): the
-    last prompt token, dict(prefill_forwards, prefill_time))."""
-    t0 = time.perf_counter()
+    """Write prompt[:-1] into the fresh KV cache with one causal forward (none for a one-token
+    prompt) -> pending (B, 1): the last prompt token, which the first decode forward feeds."""
     if prompt.size(1) > 1:
         model(prompt[:, :-1], cache=cache)  # eager: a width that runs once per decode
-    synchronize(prompt.device)
-    info = dict(prefill_forwards=int(prompt.size(1) > 1), prefill_time=time.perf_counter() - t0)
-    return prompt[:, -1:], info
-
-
-def synchronize(device):
-    """Wait for the accelerator, so that a wall-clock reading includes the work queued on it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+    return prompt[:, -1:]
 
 
 def finished(out, settings, max_new_tokens):
@@ -253,8 +235,9 @@ class DecodeStats:
     tokens: list  # tokens generated per row, up to and including the first stop token
     widths: list  # tokens fed per row by each decode forward of the batch (bench/ times them)
     prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0: 1-token prompt)
-    prefill_time: float  # seconds of the prefill
-    wall_time: float  # seconds of the whole decode, prefill included
+    # serving's decoders time themselves (bench/ reads it); the reference leaves both None
+    prefill_time: float = None  # seconds of the prefill
+    wall_time: float = None  # seconds of the whole decode, prefill included
     steps: list = None  # serving's step view (record_steps): one Step per decode forward
     # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
     # rejected, forwards that only checked a row's last block, drafts never checked (too unsure)
@@ -270,10 +253,9 @@ class DecodeStats:
         return [t / max(n, 1) for t, n in zip(self.tokens, self.nfe)]
 
 
-def result(out, widths, prefill_info, t0, **counts):
+def result(out, widths, prompt, **counts):
     """-> ([out], DecodeStats) as serving's decoders return for a batch of one: nfe = the
     decode forwards, widths = the tokens each fed; counts: exact SBD's accepted and rejected."""
-    stats = DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
-                        wall_time=time.perf_counter() - t0, **prefill_info,
-                        **{name: [n] for name, n in counts.items()})
-    return [out], stats
+    return [out], DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
+                              prefill_forwards=int(prompt.size(1) > 1),
+                              **{name: [n] for name, n in counts.items()})

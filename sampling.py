@@ -175,21 +175,30 @@ def suppress_mask(logits, mask_id):
 
 
 def filter_logits(logits, temperature, top_k=None, top_p=None):
-    """(..., V) logits -> the logits sampling draws from (temperature > 0): divided by the
-    temperature, then restricted to the top_k most likely tokens and to the smallest set whose
-    probability reaches top_p (others -inf). NTP, the drafts and the exact mode's acceptance rule
-    all use this one function, so p and q are filtered alike."""
+    """(..., V) logits -> the logits sampling draws from (temperature > 0). NTP, the drafts and
+    the exact mode's acceptance rule all use this one function, so p and q are filtered alike."""
     logits = logits.float() / temperature
     if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        logits = keep_top_k(logits, top_k)
     if top_p is not None:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = F.softmax(sorted_logits, dim=-1)
-        drop_sorted = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reached p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back in place
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = keep_top_p(logits, top_p)
     return logits
+
+
+def keep_top_k(logits, top_k):
+    """(..., V) logits with all but the top_k largest set to -inf."""
+    kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def keep_top_p(logits, top_p):
+    """(..., V) logits with all but the smallest set of tokens whose probability reaches top_p
+    set to -inf (nucleus sampling)."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = F.softmax(sorted_logits, dim=-1)
+    drop_sorted = probs.cumsum(-1) - probs >= top_p  # the mass before a token already reached p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back in place
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def sample(probs, generator=None):

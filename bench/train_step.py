@@ -30,6 +30,7 @@ from tasks import CharTask, JsonlTask
 
 init_from = "scratch"  # 'scratch': the demo's GPT; or a pretrained model ('smollm2', a .gguf)
 dataset = "addition"
+n_embd = 64  # the demo's width (train.py)
 seq_len = 192  # rows of a chat dataset
 batch_size = 32
 stage = "sbd"  # 'sbd' (two halves, Eq. 14) or 'ntp'
@@ -48,7 +49,7 @@ def build():
     """(model, task) as train.py builds them for its SBD stage."""
     if init_from == "scratch":
         task = CharTask(dataset)
-        config = GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=task.seq_len,
+        config = GPTConfig(n_layer=4, n_head=4, n_embd=n_embd, block_size=task.seq_len,
                            vocab_size=task.vocab_size, dropout=0.0, bias=False)
         return GPT(config).to(device), task
     model, tokenizer = load_pretrained(init_from, device, torch.float32)

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+import decode
 from configurator import ConfigError
-from decode import DecodeStats, hybrid_forward, prefill, reveal_first, stop_reached, synchronize
+from decode import DecodeStats, hybrid_forward, reveal_first, stop_reached
 from sampling import next_token, reveal_step
 from sbd import block_predictions, hybrid_mask
 
@@ -206,6 +207,23 @@ def check_compiler(device_type):
     if device_type == "cpu" and cxx_compiler() is None:
         raise ConfigError("compile=True needs a C++ compiler for torch.compile on a CPU "
                           "(apt-get install g++, or set CXX); or decode eagerly: compile=False")
+
+
+def prefill(model, prompt, cache):
+    """decode.prefill, timed -> (pending (B, 1), dict(prefill_forwards, prefill_time))."""
+    t0 = time.perf_counter()
+    pending = decode.prefill(model, prompt, cache)
+    synchronize(prompt.device)
+    return pending, dict(prefill_forwards=int(prompt.size(1) > 1),
+                         prefill_time=time.perf_counter() - t0)
+
+
+def synchronize(device):
+    """Wait for the accelerator, so that a wall-clock reading includes the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def finish(out, stop, nfe, widths, prefill_info, t0, steps=None):

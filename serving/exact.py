@@ -31,7 +31,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from decode import DecodeStats, accept, prefill, stop_reached
+from decode import DecodeStats, accept, stop_reached
 from sampling import ONE_FORWARD, greedy, reveal_step, suppress_mask
 from sbd import block_predictions, read_at
 from serving.batched import (
@@ -43,6 +43,7 @@ from serving.batched import (
     new_cache,
     ntp_generate,
     ntp_run,
+    prefill,
     sbd_generate,
 )
 

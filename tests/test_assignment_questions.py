@@ -150,7 +150,7 @@ def answer_5_4():  # cache.length after each forward: prompt of 6, k = 4, blocks
     m = random_model("gpt-tiny")
     prompt = torch.randint(0, 60, (1, 6), generator=torch.Generator().manual_seed(0))
     cache = decode.new_cache(m, prompt, 8)
-    prev, _ = decode.prefill(m, prompt, cache)
+    prev = decode.prefill(m, prompt, cache)
     block, lengths = torch.full((1, 4), 63), []
     with torch.no_grad():
         for forwards in (3, 2):

@@ -79,7 +79,7 @@ def test_fill_fills_one_block_and_commits_nothing():
     settings = settings_of(m, k=8, gamma=GAMMA)
     with torch.inference_mode():
         cache = decode.new_cache(m, prompt, 16)
-        prev, _ = decode.prefill(m, prompt, cache)
+        prev = decode.prefill(m, prompt, cache)
         for b in range(2):  # block 0 after the pending prompt token, block 1 after block 0
             block = prev.new_full((1, 8), mask_id_of(m))
             logits = decode.hybrid_forward(m, cache, torch.cat([prev, block], dim=1), prev.size(1))
