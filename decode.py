@@ -181,8 +181,8 @@ def hybrid_forward(model, cache, tokens, n_commit):
 def reveal_first(block, is_masked, causal, settings, generator=None):
     """Slot 0 of a new block gets the token NTP decoding would emit there: the committed prefix's
     last causal logit predicts exactly that position, and the block's first forward computes it.
-    It costs none of the reveal rule's budget. -> (new block, is_masked, revealed (B, kb) bool)"""
-    revealed = F.pad(is_masked[:, :1], (0, block.size(1) - 1))  # (B, kb): slot 0 where masked
+    It costs none of the reveal rule's budget. -> (new block, is_masked, revealed (B, k) bool)"""
+    revealed = F.pad(is_masked[:, :1], (0, block.size(1) - 1))  # (B, k): slot 0 where masked
     first = next_token(causal[:, -1], settings, generator)  # (B,)
     return torch.where(revealed, first[:, None], block), is_masked & ~revealed, revealed
 
@@ -190,7 +190,7 @@ def reveal_first(block, is_masked, causal, settings, generator=None):
 def stop_reached(block, is_masked, stop):
     """(B,) bool: rows whose block holds a stop token with every position up to it revealed: such
     a row is finished, as what follows its stop token is cut anyway (it is often revealed first)."""
-    prefix_revealed = is_masked.cumsum(dim=1) == 0  # (B, kb): no mask at or before the slot
+    prefix_revealed = is_masked.cumsum(dim=1) == 0  # (B, k): no mask at or before the slot
     return (torch.isin(block, stop) & prefix_revealed).any(dim=1)
 
 

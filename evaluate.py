@@ -49,10 +49,9 @@ from sampling import ONE_FORWARD, settings_for, write_calibration
 from tasks import CharTask, task_of_checkpoint
 from tasks.solve import skip_long_prompts, solve, tokens_per_forward
 
-# below 3e-4: ~1 token/forward. Dense at the low end, where a well-trained model's tokens per
-# forward climb steeply and γ_low usually lies
-GAMMA_GRID = [3e-4, 5e-4, 7e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3,
-              1.0]
+# below 3e-4: ~1 token/forward. Half a decade apart: a step that gains less than SATURATED ends
+# the sweep, and low γ, which reveal few tokens per forward, are the slowest to decode
+GAMMA_GRID = [3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0]
 SATURATED = 1.02  # the sweep stops once a larger γ gains less than 2% tokens per forward
 # a real model is far less over-confident: around the paper's γ (reasoning 0.1 / 0.35, chat 0.35 /
 # 0.6; docs/method.md, The paper's results)
@@ -60,11 +59,11 @@ LLAMA_GAMMA_GRID = [0.05, 0.1, 0.2, 0.35, 0.5, 0.6, 0.8, 1.0]
 EXACT_GRID = [0.01, 0.1, 1.0, ONE_FORWARD]  # the last: every masked token at once
 # settings left unset: the demo decodes a problem in milliseconds on a CPU, a Llama on a benchmark
 # in seconds on a GPU, so there the batch-1 parts (the exact mode's γ, the wall clock) use fewer
-# problems
-DEFAULTS = dict(small=dict(grid=GAMMA_GRID, batch_size=250, exact_val_problems=200,
-                           timing_problems=200),
-                benchmark=dict(grid=LLAMA_GAMMA_GRID, batch_size=64, exact_val_problems=50,
-                               timing_problems=20))
+# problems. The demo calibrates γ on 1000 of its 2000 val problems: half a point is 5 of them
+DEFAULTS = dict(small=dict(grid=GAMMA_GRID, batch_size=250, val_problems=1000,
+                           exact_val_problems=200, timing_problems=200),
+                benchmark=dict(grid=LLAMA_GAMMA_GRID, batch_size=64, val_problems=200,
+                               exact_val_problems=50, timing_problems=20))
 def within_budget(sweep, floor):
     """The largest γ of an upward sweep [(γ, result)] such that every γ up to it keeps val accuracy
     >= floor, if it decodes with fewer forwards than NTP (tokens per forward > 1); else None."""
@@ -214,7 +213,8 @@ OPTIONS = dict(
     # a chat model (train.py, pretrained init_from) on a JSONL benchmark (pretrained/loading.py)
     benchmark="",  # test rows {"prompt": ..., "answer": ...}; '' = the small demo of out_dir
     val_benchmark="",  # γ is calibrated on val_problems rows of this file ('' = of benchmark)
-    val_problems=200,  # (without val_benchmark, at most half the benchmark; the rest is test)
+    val_problems=0,  # the val problems γ is calibrated on (0: DEFAULTS); a benchmark without
+    # val_benchmark gives at most half of it to val, the rest is test
     baseline="",  # the NTP baseline: a directory, .gguf or .pt; '' = the run's own (load_run)
     as_loaded=True,  # a row for the pretrained model the run started from, decoded as loaded
     answer_marker="",  # grade the number after the last '####' or in the last '\boxed{...}'
@@ -238,6 +238,7 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     ntp_model, sbd_model, checkpoint, task = run or load_small_run(out_dir, device)
     o, n = resolve_options(task, options), options.get("max_problems") or None
     task.splits = {split: problems[:n] for split, problems in task.splits.items()}
+    task.splits["val"] = task.splits["val"][:o["val_problems"]]
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
     compiled = fast_decoding([ntp_model, sbd_model, *(reference or [None])[1:]], checkpoint, o)
@@ -325,7 +326,7 @@ def resolve_options(task, options):
     o = check_options({**OPTIONS, **options})
     defaults = DEFAULTS["small" if isinstance(task, CharTask) else "benchmark"]
     o["grid"] = o["gamma_grid"] or defaults["grid"]
-    for key in ("batch_size", "exact_val_problems", "timing_problems"):
+    for key in ("batch_size", "val_problems", "exact_val_problems", "timing_problems"):
         o[key] = o[key] or defaults[key]
     o["exact_batch_size"] = o["exact_batch_size"] or o["batch_size"]
     return o
@@ -333,8 +334,8 @@ def resolve_options(task, options):
 
 def check_options(o):
     """A setting out of its range is a one-line error, before anything loads. -> o"""
-    for key in ("batch_size", "exact_batch_size", "exact_val_problems", "timing_problems",
-                "max_problems"):
+    for key in ("batch_size", "exact_batch_size", "val_problems", "exact_val_problems",
+                "timing_problems", "max_problems"):
         require(o[key] >= 0, f"{key} must be >= 1, or 0 for the default; got {o[key]}")
     for key in ("picture_problems", "max_new_tokens"):
         require(o[key] >= 1, f"{key} must be >= 1, got {o[key]}")
@@ -384,7 +385,8 @@ def main(argv):
     run = reference = fp32_models = None
     if benchmark:
         run = load_run(out_dir, device, benchmark, o["val_benchmark"], o["baseline"],
-                       o["dtype"], val_problems=o["val_problems"],
+                       o["dtype"],
+                       val_problems=o["val_problems"] or DEFAULTS["benchmark"]["val_problems"],
                        max_new_tokens=o["max_new_tokens"], answer_marker=o["answer_marker"],
                        numeric=o["numeric"])
         if o["as_loaded"]:
