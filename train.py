@@ -70,11 +70,11 @@ batch_size = 64  # sequences per micro-step in the NTP stage
 sbd_batch_size = 32  # the SBD stage's (0 = batch_size): at equal compute more steps beat more rows
 gradient_accumulation_steps = 1
 # stage 1: NTP pretraining
-ntp_iters = 700
+ntp_iters = 1000
 ntp_lr = 2e-3
 # stage 2: SBD fine-tuning
 sbd_starts_from = "ntp"  # 'ntp': stage 1's weights; 'init': init_from's, as stage 1 did
-sbd_iters = 4200  # the masked-token path needs its own circuit: more steps than stage 1
+sbd_iters = 4500  # the masked-token path needs its own circuit: more steps than stage 1
 sbd_lr = 2e-3
 k_min = 8  # block size k ~ U{k_min..k_max} once per step (the paper: U{2..16}); it must cover
 k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findings.md, Block sizes)
