@@ -26,6 +26,7 @@ The defaults are the demo's recipe, as config/sbd_small.py states it; docs/findi
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -223,25 +224,25 @@ def get_batch(split, generator, rows):
     return x.to(device), y.to(device), answer.to(device)
 
 
-def forward_loss(model, stage, x, y, answer, k, generator, complementary=False):
-    """-> (loss to optimise, NTP loss, masked-token loss or None) for one batch."""
+def forward_loss(model, stage, x, y, answer, k, generator, complementary, *, mask_id, ntp_weight,
+                 loss_on_answer_only, block_phase, token_shift, flex, head_at_labels, new_cache):
+    """-> (loss to optimise, NTP loss, masked-token loss or None); keywords: loss_settings."""
     if stage == "ntp":
         at = y != IGNORE_INDEX if head_at_labels else None  # (B, L) or all slots
         _, loss = model(x, y if at is None else y[at], at=at)
         return loss, loss.detach(), None
     L = x.size(1)  # the clean half; the noisy copies, slots L on, are the forward's block
     maskable = answer if loss_on_answer_only else None
-    phases = sbd.block_phases(answer, k, block_phase, generator).to(device)
-    idx, pos, mask, labels = sbd.sbd_inputs(x, y, task.mask_id, k, phases, maskable, generator,
-                                            flex=attention == "flex", token_shift=token_shift,
+    phases = sbd.block_phases(answer, k, block_phase, generator).to(x.device)
+    idx, pos, mask, labels = sbd.sbd_inputs(x, y, mask_id, k, phases, maskable, generator,
+                                            flex=flex, token_shift=token_shift,
                                             complementary=complementary)  # mask (B, T, T)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
-    if adapter_rank and attention == "sdpa":  # the cache's keys in autocast's dtype
-        cache = raw_model.new_cache(len(x), idx.size(1), device, ptdtype if use_autocast else None)
-        return sbd.adapter_loss(model, cache, idx, pos, mask, labels, L, at)
+    if new_cache is not None:  # a block adapter: the clean half through the frozen base's cache
+        return sbd.adapter_loss(model, new_cache(len(x), idx.size(1)), idx, pos, mask, labels, L,
+                                at)
     logits, _ = model(idx, pos=pos, mask=mask, at=at, block_start=L)  # (B, T, V) or (N, V)
-    # with an adapter the clean half is the frozen NTP model: its term would teach nothing
-    return sbd.sbd_loss(logits, labels, L, 0.0 if adapter_rank else ntp_weight)
+    return sbd.sbd_loss(logits, labels, L, ntp_weight)
 
 
 # model: a small GPT from scratch, or a pretrained Llama (fp32 master weights under FSDP)
@@ -318,6 +319,17 @@ elif ddp:
     model = DDP(model,
                 device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
 
+# forward_loss's settings, read once here
+loss_settings = dict(
+    mask_id=task.mask_id, loss_on_answer_only=loss_on_answer_only, block_phase=block_phase,
+    token_shift=token_shift, flex=attention == "flex", head_at_labels=head_at_labels,
+    # with an adapter the clean half is the frozen NTP model: its term would teach nothing
+    ntp_weight=0.0 if adapter_rank else ntp_weight,
+    # an adapter's clean half goes once through a KV cache (sdpa), its keys in autocast's dtype
+    new_cache=functools.partial(raw_model.new_cache, device=device,
+                                dtype=ptdtype if use_autocast else None)
+    if adapter_rank and attention == "sdpa" else None)
+
 
 def new_optimizer(stage):
     """A fresh AdamW for a stage; with a block adapter, the SBD stage's trains the adapter alone."""
@@ -361,7 +373,7 @@ def log_estimate():
             batch = get_batch(split, generator, batch_size)
             with autocast:
                 _, ntp_loss, masked_loss = forward_loss(raw_model, "sbd", *batch, min(8, k_max),
-                                                        generator)
+                                                        generator, False, **loss_settings)
             ntp.append(ntp_loss.item())
             masked.append(masked_loss.item())
         out[split] = (sum(ntp) / len(ntp), sum(masked) / len(masked))
@@ -477,7 +489,7 @@ while iter_num < total_iters:
             model.require_backward_grad_sync = micro_step == gradient_accumulation_steps - 1
         with autocast:
             loss, ntp_loss, masked_loss = forward_loss(model, stage, *get_batch("train", rng, rows),
-                                                       k, rng, complementary_masks)
+                                                       k, rng, complementary_masks, **loss_settings)
         scaler.scale(loss / gradient_accumulation_steps).backward()
     if grad_clip > 0:
         scaler.unscale_(optimizer)
