@@ -108,3 +108,14 @@ def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
     for p in curve:
         assert p["exact_tokens_per_forward"] >= 1 and set(p["plain"]) == {"0.1"}
         assert 0 <= p["left_accuracy"] <= 100
+    # an adapter's read-out: exact SBD alone, into a fresh curve.json
+    (out / "curve.json").unlink()
+    done = subprocess.run([*args, "--rows=('exact',)"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    exact_only = json.loads((out / "curve.json").read_text())
+    assert [p["step"] for p in exact_only] == [0, 2, 4]
+    for p, full in zip(exact_only, curve):
+        assert set(p) == {"step", "masked_loss", "plain", "exact_tokens_per_forward",
+                          "exact_accuracy"} and p["plain"] == {}
+        assert p["exact_tokens_per_forward"] == full["exact_tokens_per_forward"]
