@@ -32,8 +32,8 @@ import time
 
 import torch
 
+from checkpoint import load_checkpoint, settings_for, write_calibration
 from configurator import configure, pick_device, require
-from model import load_checkpoint
 from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import (
     four_bit_blocks,
@@ -45,7 +45,7 @@ from pretrained.loading import (
 from report.summary import machine, print_paired, summary_rows, write_json
 from report.sweep import curves, plot_sweep
 from report.views import exact_name, exact_settings, fp32_identity, step_views, wall_clock
-from sampling import ONE_FORWARD, settings_for, write_calibration
+from sampling import ONE_FORWARD
 from tasks import CharTask, task_of_checkpoint
 from tasks.solve import skip_long_prompts, solve, tokens_per_forward
 
@@ -290,7 +290,7 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
 
 
 def choices(calibration, best_k, exact_k, task):
-    """What calibration.json keeps of a calibration (sampling.settings_for reads it)."""
+    """What calibration.json keeps of a calibration (checkpoint.settings_for reads it)."""
     calibrated_on = getattr(task, "info", {}).get("val", f"the val split of {task.name}")
     return dict(k={str(k): dict(gamma_low=c["low"], gamma_high=c["high"], gamma_exact=c["exact"],
                                 min_draft_prob=c["exact_floor"])

@@ -13,9 +13,7 @@ Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's 
 """
 
 import functools
-import hashlib
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -264,17 +262,6 @@ def attach_adapter(model, rank, layers, mask_id):
         m.delta = LowRank(m.in_features, m.out_features, rank).to(device)
     model.block_adapter = BlockAdapter(model.embedding.weight[mask_id], mask_id, rank, layers)
     return model
-
-
-def fingerprint(state):
-    """sha256 of a state dict's tensors, by name: an adapter is only valid on the base it was
-    trained on."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().cpu().contiguous().reshape(-1)
-        h.update(name.encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
 
 
 # -----------------------------------------------------------------------------
@@ -726,93 +713,3 @@ def configure_optimizer(model, weight_decay, learning_rate, betas, device_type):
     # takes 0.07 s instead of 0.6 s)
     fused = device_type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
-
-
-# -----------------------------------------------------------------------------
-# checkpoints: one dict per file, written atomically, read back with a shape check on every tensor
-
-
-def save_checkpoint(checkpoint, path):
-    """torch.save to a temp file, then rename: a crash mid-write keeps the old checkpoint intact."""
-    tmp = f"{path}.tmp"
-    torch.save(checkpoint, tmp)
-    os.replace(tmp, path)  # atomic on POSIX and Windows
-
-
-def model_from_checkpoint(checkpoint, device):
-    """Rebuild the model of a train.py checkpoint ({'model_family', 'model_args', 'model'}, and
-    'adapter' {rank, layers, mask_id} for a block adapter's)."""
-    family, args = checkpoint["model_family"], checkpoint["model_args"]
-    state = {k.removeprefix("_orig_mod.").removeprefix("module."): v
-             for k, v in checkpoint["model"].items()}
-    adapter = checkpoint.get("adapter")  # absent: the paper's full fine-tune (or NTP)
-    with_adapter = (lambda m: attach_adapter(m, adapter["rank"], adapter["layers"],
-                                             adapter["mask_id"]) if adapter else m)
-    if family == "gpt":
-        model = with_adapter(GPT(GPTConfig(**args)))
-        check_state_dict(model, state, "checkpoint")
-        model.load_state_dict(state, strict=True)
-        model = model.to(device)
-    else:
-        with torch.device("meta"):  # an 8B Llama: no random init, no second copy, checkpoint dtype
-            model = with_adapter(Llama(LlamaConfig(**args)))
-        check_state_dict(model, state, "checkpoint")
-        model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True, assign=True)
-        model.inv_freq = rope_frequencies(model.config).to(device)  # not persistent: still on meta
-    return model
-
-
-def check_state_dict(model, state, source):
-    """A clear error unless state has exactly the model's tensors, each of the model's shape
-    (load_state_dict's own is terse). The loaders of pretrained/ check with it too."""
-    expected = model.state_dict()  # on the meta device: names and shapes, no memory
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        few = lambda names: ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
-        raise ConfigError(f"{source}: checkpoint does not match the model. Missing: "
-                          f"[{few(missing)}]; unexpected: [{few(unexpected)}]")
-    for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ConfigError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the "
-                              f"model expects {tuple(expected[name].shape)} (does the config "
-                              "match the weights?)")
-
-
-def base_weights(path, base):
-    """The base model's state dict for an adapter checkpoint at path: base['file'] beside it,
-    refused unless its fingerprint is base['fingerprint'] (the weights the adapter was trained
-    on)."""
-    base_path = os.path.join(os.path.dirname(path), base["file"])
-    if not os.path.exists(base_path):
-        raise ConfigError(f"{path} holds a block adapter only; its base model {base_path} is "
-                          "missing: copy it beside the adapter")
-    state = torch.load(base_path, map_location="cpu", mmap=True, weights_only=False)["model"]
-    if fingerprint(state) != base["fingerprint"]:
-        raise ConfigError(f"{path}: the adapter was trained on other base weights than "
-                          f"{base_path} holds now (fingerprints differ); use the base it was "
-                          "trained on, or train the adapter again")
-    return state
-
-
-def load_checkpoint(path, device="cpu"):
-    """-> (model in eval mode, checkpoint dict). A missing or outdated file is a clear error."""
-    if not os.path.exists(path):
-        raise ConfigError(f"no checkpoint at {path}: train one first "
-                          "(python train.py config/sbd_small.py)")
-    try:  # torch.load raises many kinds of error for a file cut short or another program's
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception as e:
-        raise ConfigError(f"{path} is not a readable checkpoint ({type(e).__name__}): cut short, "
-                          "or another program's file; copy or train it again") from None
-    if not isinstance(checkpoint, dict) or "model_family" not in checkpoint:
-        raise ConfigError(f"{path} is not a checkpoint of train.py (a downloaded model loads "
-                          "with init_from)")
-    if "stage" not in checkpoint:
-        raise ConfigError(f"{path} was written by an older version of train.py: train it again")
-    if "base" in checkpoint:  # the adapter alone: its base's weights from the base checkpoint
-        checkpoint = {**checkpoint, "model": {**base_weights(path, checkpoint["base"]),
-                                              **checkpoint["model"]}}
-    model = model_from_checkpoint(checkpoint, device)
-    model.eval()
-    return model, checkpoint

@@ -8,7 +8,7 @@ Sample from a trained model: Set Block Decoding (SBD) and next-token decoding (N
     python sample.py --init_from=Meta-Llama-3.1-8B-Instruct --mode=ntp --start="Hi"  # as downloaded
 
 Loads out_dir/ckpt_sbd.pt (--ckpt=ntp: ckpt_ntp.pt, or any .pt file) and decodes with the
-settings its calibration chose (sampling.settings_for; k, γ and the rest can be overridden). A
+settings its calibration chose (checkpoint.settings_for; k, γ and the rest can be overridden). A
 prompt is shaped the way the model was trained: right-aligned for the addition task, inside the
 chat template for a chat model; --raw=True feeds it as given. Each sample prints the text and one
 line with the tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of the same
@@ -34,11 +34,11 @@ import time
 import torch
 
 import decode as reference
+from checkpoint import load_checkpoint, read_calibration, settings_for
 from configurator import ConfigError, configure, pick_device, require, resolve_dtype
-from model import load_checkpoint
 from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
-from sampling import DecodeSettings, read_calibration, settings_for
+from sampling import DecodeSettings
 from serving.batched import format_steps, warm_up
 from serving.exact import decode as serving_decode
 from tasks import chat_prompt, task_of_checkpoint

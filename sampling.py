@@ -1,15 +1,14 @@
 """
 How one SBD forward's logits become tokens: the decoding settings, the reveal rules that decide
 which masked positions a forward reveals (docs/method.md, Reveal rules), the token choice (argmax,
-or a draw with temperature, top-k and top-p), and the settings of a trained checkpoint.
+or a draw with temperature, top-k and top-p). checkpoint.settings_for builds the settings of a
+trained checkpoint.
 
     settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)
     block, revealed, _ = reveal_step(logits, block, is_masked, settings)
 """
 
 import dataclasses
-import json
-import os
 from dataclasses import dataclass
 
 import torch
@@ -245,88 +244,3 @@ def reveal_step(logits, block, is_masked, settings, generator=None):
         revealed = REVEAL_RULES[s.rule](probs, is_masked, s.gamma)  # (B, k)
     block = torch.where(revealed, tokens, block)
     return block, revealed, q
-
-
-# -----------------------------------------------------------------------------
-# settings from a checkpoint and its calibration: sample.py, evaluate.py and the benchmarks build
-# their DecodeSettings here, so they read a checkpoint the same way.
-#
-# From training, every train.py checkpoint holds mask_id, stop_ids, stage ('ntp' or 'sbd') and
-# config['ntp_weight'] (0: tuned without the NTP term, so a block's first token cannot come from
-# the next-token logits; docs/method.md, The block's first token). From evaluation,
-# out_dir/calibration.json holds one entry per block size:
-#
-#     {"checkpoint": "ckpt_sbd.pt", "data_version": "...",
-#      "calibrated_on": "the val split of addition",
-#      "k": {"16": {"gamma_low": 0.01, "gamma_high": 0.02, "gamma_exact": 1e9,
-#                   "min_draft_prob": 0.0}, "8": {...}},
-#      "operating_k": 16, "exact_k": 16}
-#
-# gamma_low / gamma_high are the largest γ within the accuracy budgets on val (null: none was);
-# gamma_exact and min_draft_prob are the exact mode's fastest γ and draft floor; operating_k
-# (null: no k has a gamma_low) and exact_k are the block sizes with the fewest forwards. No tool
-# rewrites a checkpoint.
-
-CALIBRATION_FILE = "calibration.json"
-
-
-def calibration_path(checkpoint_path):
-    return os.path.join(os.path.dirname(os.path.abspath(checkpoint_path)), CALIBRATION_FILE)
-
-
-def read_calibration(checkpoint_path, checkpoint):
-    """The calibration next to a checkpoint, or None if there is none (or it is another run's)."""
-    path = calibration_path(checkpoint_path)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        calibration = json.load(f)
-    same_run = calibration.get("checkpoint") == os.path.basename(checkpoint_path)
-    if not same_run or calibration.get("data_version") != checkpoint.get("data_version"):
-        print(f"{path} was written for another checkpoint or data: ignored (run evaluate.py)")
-        return None
-    return calibration
-
-
-def write_calibration(checkpoint_path, checkpoint, calibration):
-    """Write calibration.json next to the checkpoint, atomically (a crash never leaves half)."""
-    path = calibration_path(checkpoint_path)
-    record = dict(checkpoint=os.path.basename(checkpoint_path),
-                  data_version=checkpoint.get("data_version"), **calibration)
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(f"{path}.tmp", path)
-    return path
-
-
-def settings_for(checkpoint, calibration=None, k=None, gamma=None, exact=False, **overrides):
-    """DecodeSettings for an SBD checkpoint: k and γ as given, else as calibrated.
-
-    k: given, else the calibration's operating_k (exact: exact_k), else 16. gamma: given, else the
-    calibrated one for that k (exact: gamma_exact, plain: gamma_low); exact SBD's min_draft_prob
-    as calibrated unless given. Plain SBD with no γ to use is an error that says what to do.
-    overrides: any other DecodeSettings field (rule, temperature, top_k, top_p, adaptive).
-    """
-    calibration = calibration or {}
-    k = k or calibration.get("exact_k" if exact else "operating_k") or 16
-    chosen = calibration.get("k", {}).get(str(k), {})
-    if exact:
-        overrides.setdefault("min_draft_prob", chosen.get("min_draft_prob", 0.0))
-    if gamma is None:
-        gamma = chosen.get("gamma_exact" if exact else "gamma_low")
-    if gamma is None and exact:
-        gamma = ONE_FORWARD  # the output is NTP's whatever γ is
-    if gamma is None:
-        why = ("no γ of this k kept val accuracy within budget" if calibration
-               else "the checkpoint has no calibration.json (evaluate.py writes it)")
-        raise ConfigError(f"plain SBD at k={k} needs a γ, and {why}: pass one (--gamma=0.01), "
-                         "another k, or use the exact mode (--exact=True)")
-    config = checkpoint.get("config") or {}  # what the checkpoint was trained with
-    # the causal head is trained (the NTP term), or is the NTP model itself (a block adapter)
-    first_from_ntp = config.get("ntp_weight", 1.0) > 0 or "adapter" in checkpoint
-    token_shift = bool(config.get("token_shift", False))  # absent: a checkpoint of the paper's rule
-    if exact and overrides.get("temperature", 0) > 0:
-        overrides.setdefault("rule", "left")  # exact sampling needs left-to-right drafts
-    return DecodeSettings(mask_id=checkpoint["mask_id"], stop_ids=tuple(checkpoint["stop_ids"]),
-                          k=k, gamma=gamma, exact=exact, first_from_ntp=first_from_ntp,
-                          token_shift=token_shift, **overrides)

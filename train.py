@@ -20,7 +20,7 @@ A checkpoint is one dict: model (state dict), model_family ('gpt' or 'llama'), m
 data_version (the data it was trained on), mask_id and stop_ids (what decoding needs), iter_num;
 a block adapter's SBD checkpoint adds adapter (rank, layers, mask_id), and with adapter_only holds
 the adapter's tensors alone with base (the base checkpoint's file and fingerprint);
-ckpt_resume.pt adds optimizer. sampling.settings_for turns one into decoding settings.
+ckpt_resume.pt adds optimizer. checkpoint.settings_for turns one into decoding settings.
 
 The defaults are the demo's recipe, as config/sbd_small.py states it; docs/findings.md says why.
 """
@@ -39,6 +39,7 @@ from torch.distributed import barrier, destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
+from checkpoint import fingerprint, save_checkpoint
 from configurator import ConfigError, configure, pick_device, resolve_dtype
 from model import (
     GPT,
@@ -48,8 +49,6 @@ from model import (
     LlamaConfig,
     attach_adapter,
     configure_optimizer,
-    fingerprint,
-    save_checkpoint,
 )
 from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of

@@ -32,8 +32,8 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 import sbd  # noqa: E402
-from model import load_checkpoint  # noqa: E402
-from sampling import ONE_FORWARD, settings_for  # noqa: E402
+from checkpoint import load_checkpoint, settings_for  # noqa: E402
+from sampling import ONE_FORWARD  # noqa: E402
 from tasks import task_of_checkpoint  # noqa: E402
 from tasks.solve import solve, tokens_per_forward  # noqa: E402
 

@@ -41,11 +41,11 @@ import time
 import torch
 
 from bench.measure import cpu_name, measure_bandwidth, spread
+from checkpoint import load_checkpoint, settings_for
 from configurator import ConfigError, configure, resolve_dtype
-from model import load_checkpoint
 from pretrained.decode_layout import lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, pretrained_path, tokenizer_of
-from sampling import ONE_FORWARD, DecodeSettings, settings_for
+from sampling import ONE_FORWARD, DecodeSettings
 from serving.batched import decode_forward, new_cache, ntp_generate, warm_up
 from serving.exact import exact_generate
 from tasks import BenchmarkTask

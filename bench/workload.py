@@ -8,9 +8,9 @@ import os
 
 import torch
 
+from checkpoint import load_checkpoint, read_calibration, settings_for
 from configurator import ConfigError, resolve_dtype
-from model import build_model, load_checkpoint
-from sampling import read_calibration, settings_for
+from model import build_model
 from tasks import task_of_checkpoint
 from tasks.solve import decode_batches
 
@@ -50,7 +50,7 @@ def load_trained(cfg, n_problems):
 def trained_settings(cfg, checkpoint, calibration, exact_gamma=None):
     """-> (plain SBD's DecodeSettings, or None where it has no γ; exact SBD's), at --k, else the
     calibration's k, with --rule. A trained checkpoint's k and γ come from its calibration
-    (sampling.settings_for) unless given: a γ only means something for the block size it was
+    (checkpoint.settings_for) unless given: a γ only means something for the block size it was
     calibrated with. Plain SBD's γ is --gamma, else γ_low; exact SBD's is exact_gamma, else the
     calibrated one (its output is NTP's whatever γ is)."""
     exact = settings_for(checkpoint, calibration, k=cfg.k or None, gamma=exact_gamma, exact=True,

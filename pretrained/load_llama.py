@@ -33,8 +33,9 @@ import sys
 
 import torch
 
+from checkpoint import check_state_dict
 from configurator import ConfigError
-from model import Llama, LlamaConfig, check_state_dict, rope_frequencies
+from model import Llama, LlamaConfig, rope_frequencies
 
 # -----------------------------------------------------------------------------
 # safetensors: 8-byte little-endian header size N, N bytes of JSON, then the raw tensor bytes

@@ -20,8 +20,8 @@ import os
 
 import torch
 
+from checkpoint import load_checkpoint
 from configurator import ConfigError, resolve_dtype
-from model import load_checkpoint
 from pretrained.hf_tokenizer import HFTokenizer
 from pretrained.load_llama import load_llama
 from pretrained.tokenizer import CharTokenizer, Llama3Tokenizer

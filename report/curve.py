@@ -28,11 +28,11 @@ import sys
 
 import torch
 
+from checkpoint import load_checkpoint, settings_for
 from configurator import configure, pick_device, require, resolve_dtype
-from model import load_checkpoint
 from pretrained.loading import tokenizer_of
 from report.summary import pyplot, write_json
-from sampling import ONE_FORWARD, settings_for
+from sampling import ONE_FORWARD
 from tasks import BenchmarkTask
 from tasks.solve import solve, tokens_per_forward
 

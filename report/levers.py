@@ -20,8 +20,8 @@ import sys
 
 import torch
 
+from checkpoint import load_checkpoint
 from configurator import configure, pick_device, require, resolve_dtype
-from model import load_checkpoint
 from pretrained.loading import tokenizer_of
 from report.curve import snapshots
 from report.screen import decode_val, read_out, summarize

@@ -38,10 +38,10 @@ import torch
 from torch.nn import functional as F
 
 import sbd
+from checkpoint import load_checkpoint, settings_for
 from configurator import configure, pick_device, require, resolve_dtype
-from model import load_checkpoint
 from pretrained.loading import tokenizer_of
-from sampling import ONE_FORWARD, greedy, settings_for, suppress_mask
+from sampling import ONE_FORWARD, greedy, suppress_mask
 from tasks import BenchmarkTask, task_of_checkpoint
 from tasks.solve import solve, tokens_per_forward
 

@@ -26,14 +26,16 @@ from test_exact_serving import (
 from test_fast_decode import q4_1_model
 from test_training import RESUME, TINY, read_log, train
 
+import checkpoint as checkpoint_lib
 import decode
 import model as model_lib
 import sbd
 import tiny_models
+from checkpoint import settings_for
 from configurator import ConfigError
 from model import attach_adapter
 from pretrained.decode_layout import lay_out_for_decoding
-from sampling import DecodeSettings, settings_for
+from sampling import DecodeSettings
 from sbd import freeze_base, is_adapter
 from serving import batched, exact
 
@@ -334,8 +336,8 @@ def test_train_saves_the_adapter_alone_and_loads_it_on_its_base_only(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "block adapter: rank 4" in run.stdout
     assert os.path.getsize(f"{out}/ckpt_sbd.pt") < os.path.getsize(f"{out}/ckpt_ntp.pt") / 2
-    sbd_model, checkpoint = model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
-    ntp_model, _ = model_lib.load_checkpoint(f"{out}/ckpt_ntp.pt")
+    sbd_model, checkpoint = checkpoint_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
+    ntp_model, _ = checkpoint_lib.load_checkpoint(f"{out}/ckpt_ntp.pt")
     assert checkpoint["adapter"]["rank"] == 4 and "base" in checkpoint
     assert not any(is_adapter(name) for name in torch.load(
         f"{out}/ckpt_ntp.pt", weights_only=False)["model"])
@@ -345,9 +347,9 @@ def test_train_saves_the_adapter_alone_and_loads_it_on_its_base_only(tmp_path):
     base = torch.load(f"{out}/ckpt_ntp.pt", weights_only=False)
     name = next(iter(base["model"]))
     base["model"][name] = base["model"][name] + 1.0
-    model_lib.save_checkpoint(base, f"{out}/ckpt_ntp.pt")
+    checkpoint_lib.save_checkpoint(base, f"{out}/ckpt_ntp.pt")
     with pytest.raises(ConfigError, match="fingerprints differ"):
-        model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
+        checkpoint_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
 
 
 @pytest.mark.slow

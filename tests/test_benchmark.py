@@ -17,7 +17,8 @@ import torch
 
 import evaluate
 import tasks.solve as solve_lib
-from model import LLAMA_PRESETS, Llama, LlamaConfig, save_checkpoint
+from checkpoint import save_checkpoint
+from model import LLAMA_PRESETS, Llama, LlamaConfig
 from sampling import DecodeSettings
 from tasks import BenchmarkTask, final_answer
 

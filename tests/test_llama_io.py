@@ -14,15 +14,14 @@ import struct
 import pytest
 import torch
 
+from checkpoint import load_checkpoint, save_checkpoint
 from model import (
     LLAMA_PRESETS,
     Llama,
     LlamaConfig,
     apply_rotary,
-    load_checkpoint,
     rope_frequencies,
     rotary_cos_sin,
-    save_checkpoint,
 )
 from pretrained.load_llama import (
     config_from_hf,

@@ -20,12 +20,12 @@ from torch.nn.attention.flex_attention import BlockMask
 import sampling
 import sbd
 import tiny_models
+from checkpoint import load_checkpoint
 from model import (
     IGNORE_INDEX,
     LLAMA_PRESETS,
     Llama,
     LlamaConfig,
-    load_checkpoint,
     rope_frequencies,
 )
 from pretrained.load_llama import config_from_hf, init_mask_embedding, write_safetensors

@@ -12,6 +12,7 @@ and a wrong mask, position or cache entry moves the logits by 0.1 or more, far b
 import pytest
 import torch
 
+import checkpoint as checkpoint_lib
 import model as model_lib
 import sbd
 from model import LlamaConfig, dense_mask
@@ -263,8 +264,8 @@ def tiny_checkpoint(family, m):
 def test_load_checkpoint_round_trip_and_shape_mismatch(family, tmp_path):
     m = random_model(family)
     path = str(tmp_path / "ckpt.pt")
-    model_lib.save_checkpoint(tiny_checkpoint(family, m), path)
-    loaded, _ = model_lib.load_checkpoint(path)
+    checkpoint_lib.save_checkpoint(tiny_checkpoint(family, m), path)
+    loaded, _ = checkpoint_lib.load_checkpoint(path)
     idx = random_tokens(m, 1, 10)
     assert torch.equal(loaded(idx)[0], m(idx)[0])
 
@@ -272,17 +273,17 @@ def test_load_checkpoint_round_trip_and_shape_mismatch(family, tmp_path):
     name = {"gpt-tiny": "transformer.h.1.mlp.c_fc.weight",
             "llama-tiny": "layers.1.attention.wk.weight"}[family]
     checkpoint["model"][name] = checkpoint["model"][name][:-1]  # one row short
-    model_lib.save_checkpoint(checkpoint, path)
+    checkpoint_lib.save_checkpoint(checkpoint, path)
     with pytest.raises(ValueError, match=rf"tensor '{name}' has shape"):
-        model_lib.load_checkpoint(path)
+        checkpoint_lib.load_checkpoint(path)
 
 
 def test_missing_or_outdated_checkpoint(tmp_path):
     checkpoint = tiny_checkpoint("gpt-tiny", random_model("gpt-tiny"))
     del checkpoint["stage"]  # a checkpoint of an earlier layout
-    model_lib.save_checkpoint(checkpoint, str(tmp_path / "old.pt"))
+    checkpoint_lib.save_checkpoint(checkpoint, str(tmp_path / "old.pt"))
     with pytest.raises(ValueError, match="older version of train.py: train it again"):
-        model_lib.load_checkpoint(str(tmp_path / "old.pt"))
+        checkpoint_lib.load_checkpoint(str(tmp_path / "old.pt"))
     with pytest.raises(ValueError,
                        match=r"no checkpoint at .*nope\.pt: train one first \(python train\.py"):
-        model_lib.load_checkpoint(str(tmp_path / "nope.pt"))
+        checkpoint_lib.load_checkpoint(str(tmp_path / "nope.pt"))

@@ -20,7 +20,8 @@ from test_llama_sbd import PAIRS, run
 
 import sampling
 import tiny_models
-from model import Llama, LlamaConfig, load_checkpoint
+from checkpoint import load_checkpoint
+from model import Llama, LlamaConfig
 from pretrained.load_llama import config_from_hf, hf_permute, load_llama, write_safetensors
 from pretrained.loading import load_pretrained
 from pretrained.tokenizer import QWEN2_PAT_STR, gpt2_byte_chars

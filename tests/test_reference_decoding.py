@@ -19,7 +19,8 @@ from test_exact import ScriptedDrafts
 import decode
 import sampling
 import tiny_models
-from model import attach_adapter, load_checkpoint
+from checkpoint import load_checkpoint, settings_for
+from model import attach_adapter
 from sbd import is_adapter
 from serving import batched, exact
 
@@ -180,7 +181,7 @@ def test_a_trained_model_decodes_as_serving_does():
                                                       temperature=1.0))]
     accepted = 0
     for reference, serving, args in runs:
-        settings = sampling.settings_for(checkpoint, **args)
+        settings = settings_for(checkpoint, **args)
         for seed, prompt in enumerate(prompts):
             ours, theirs = both(reference, serving, m, prompt, settings, 59, seed)
             assert_same(ours, theirs, checks=settings.exact)

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from model import dense_mask, load_checkpoint
+from checkpoint import load_checkpoint
+from model import dense_mask
 from report import screen
 from sbd import hybrid_mask, read_at
 from tasks import CharTask

@@ -21,8 +21,9 @@ from test_exact_serving import (
 import sampling
 import sbd
 import tiny_models
+from checkpoint import load_checkpoint, settings_for
 from configurator import ConfigError
-from model import dense_mask, load_checkpoint
+from model import dense_mask
 from serving import exact
 from test_decoding import FAMILIES, GAMMA, mask_id_of, random_model, random_prompts
 
@@ -91,7 +92,7 @@ def test_shifted_exact_equals_ntp_per_row(family, adaptive):
     prompts = random_prompts(m, 4, 5, seed=11)
     ntp, _ = tiny_models.ntp(m, prompts, 30, mask_id=mask_id_of(m))
     for k, gamma in ((4, GAMMA[family]), (16, sampling.ONE_FORWARD)):
-        settings = sampling.settings_for(shifted_checkpoint(m), k=k, gamma=gamma, exact=True,
+        settings = settings_for(shifted_checkpoint(m), k=k, gamma=gamma, exact=True,
                                          adaptive=adaptive)
         assert settings.token_shift
         tokens, stats = exact.exact_generate(m, prompts, settings, 30)
@@ -132,7 +133,7 @@ def test_a_checkpoint_without_the_field_decodes_as_it_did():
     spec.loader.exec_module(record)
     model, checkpoint = load_checkpoint(os.path.join(HERE, "old_sbd.pt"))
     assert "token_shift" not in checkpoint["config"]
-    assert not sampling.settings_for(checkpoint, gamma=0.1).token_shift
+    assert not settings_for(checkpoint, gamma=0.1).token_shift
     with open(os.path.join(HERE, "old_sbd_outputs.json")) as f:
         expected = json.load(f)
     assert record.decode_all(model, checkpoint) == expected

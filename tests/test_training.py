@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
+import checkpoint as checkpoint_lib
 import decode
-import model as model_lib
 import sbd
 from model import IGNORE_INDEX
 from tasks import CharTask
@@ -265,7 +265,7 @@ def test_main_command_end_to_end(tmp_path):
     assert [r["rows"] for r in log] == [8] * 6 + [4] * 6  # each stage its own batch size
     ntp, sbd_ = [r["loss"] for r in log[:6]], [r["loss"] for r in log[6:]]
     assert ntp[-1] < ntp[0] - 0.1 and sbd_[-1] < sbd_[0]
-    _, checkpoint = model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
+    _, checkpoint = checkpoint_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
     assert checkpoint["stage"] == "sbd" and checkpoint["mask_id"] == CharTask("addition").mask_id
     with open(f"{out}/calibration.json") as f:  # the report's γ choices, next to the checkpoint
         assert set(json.load(f)["k"]) == {"8", "16"}
@@ -280,7 +280,7 @@ def test_shifted_complementary_run_end_to_end(tmp_path):
                 "--eval_interval=20", "--report_problems=10", "--token_shift=True",
                 "--complementary_masks=True")
     assert run.returncode == 0, run.stderr[-3000:]
-    _, checkpoint = model_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
+    _, checkpoint = checkpoint_lib.load_checkpoint(f"{out}/ckpt_sbd.pt")
     assert checkpoint["config"]["token_shift"] and checkpoint["config"]["complementary_masks"]
     assert "completions identical to the SBD model's NTP decoding on every test problem" in (
         run.stdout)

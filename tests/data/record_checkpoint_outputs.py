@@ -18,8 +18,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from model import load_checkpoint  # noqa: E402
-from sampling import settings_for  # noqa: E402
+from checkpoint import load_checkpoint, settings_for  # noqa: E402
 from serving import batched  # noqa: E402
 from serving.exact import exact_generate  # noqa: E402
 
