@@ -11,6 +11,8 @@ statements that run. Nothing of torch or the standard library counts.
 - train: `python train.py` for one SBD step of a tiny model on the demo's task. What counts is what
   runs beneath train.py's top-level statements that run the model (the training loop), train.py's
   own statements in them included, model.py too: the step runs the whole model.
+- the reader's files: every line of model.py, sbd.py, train.py, sample.py, sampling.py and
+  decode.py, what a student opens to read the method whole.
 - plain / exact greedy / exact sampled: `python sample.py --mode=sbd` on that checkpoint. What
   counts is what runs beneath sample.py's top-level statements that run the model, model.py
   excluded (read once for training). "calls to the model" is the longest chain of repository
@@ -32,6 +34,8 @@ MODEL_FILE = os.path.join(ROOT, "model.py")
 TINY = ["config/sbd_small.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--ntp_iters=0",
         "--sbd_starts_from=init", "--sbd_iters=1", "--report=False", "--eval_interval=1000",
         "--log_interval=1000"]
+# the files a student opens for the method (sampling.py is the decoding file's token choice)
+READER_FILES = ("model.py", "sbd.py", "train.py", "sample.py", "sampling.py", "decode.py")
 DECODES = {"plain": ["--gamma=0.1"], "exact greedy": ["--exact=True"],
            "exact sampled": ["--exact=True", "--temperature=0.8"]}
 
@@ -182,7 +186,19 @@ def count_paths():
     return results
 
 
+def file_lines(names):
+    """{name: lines} of files at the repository's root, every line counted (blank and comment)."""
+    counts = {}
+    for name in names:
+        with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+            counts[name] = sum(1 for _ in f)
+    return counts
+
+
 def main():
+    files = file_lines(READER_FILES)
+    print(f"the reader's files: {sum(files.values())} lines "
+          + ", ".join(f"{name} {n}" for name, n in files.items()))
     for path, (files, depth) in count_paths().items():
         calls = "" if depth is None else f", {depth} calls from sample.py to the model"
         print(f"{path}: {sum(files.values())} lines{calls}")

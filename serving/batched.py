@@ -38,8 +38,8 @@ class Step:
     """One SBD forward of record_steps=True: the block after it and what it revealed."""
 
     block_start: list  # per row: index of its block's first token among its generated tokens
-    tokens: list  # per row (a list, or a (B, kb) tensor): its block after this forward, mask_id
-    revealed: list  # where still masked; and (kb,) bool, the positions this forward revealed
+    tokens: list  # per row (a list, or a (B, k) tensor): its block after this forward, mask_id
+    revealed: list  # where still masked; and (k,) bool, the positions this forward revealed
     check: list = None  # exact SBD, per row: this forward's Check of its drafts, or None
 
 
@@ -279,7 +279,7 @@ def ntp_run(model, cache, pending, settings, stop, n, generator=None):
 
 
 def block_forward(model, cache, prev, block):
-    """One SBD forward -> (causal logits of prev (B, n_prev, V), block logits (B, kb, V)).
+    """One SBD forward -> (causal logits of prev (B, n_prev, V), block logits (B, k, V)).
 
     Feeds [prev ; block]. prev (B, n_prev) is the pending prompt token or the previous, finished
     block: it is committed to the cache, so its logits are next-token logits, the very ones NTP
@@ -291,36 +291,38 @@ def block_forward(model, cache, prev, block):
     return logits[:, :n_prev], logits[:, n_prev:]
 
 
-def decode_block(model, cache, prev, kb, active, settings, stop, generator=None):
-    """Algorithm 3: fill a block of kb masks for every active row; the first forward commits prev.
+def decode_block(model, cache, prev, k, active, settings, stop, generator=None):
+    """Algorithm 3: fill a block of k masks for every active row; the first forward commits prev.
 
     Slot 0 comes from the first forward's causal logits (reveal_first; with
     settings.first_from_ntp False it is a mask like the others, the paper's way); the reveal rule
     picks among the other masked slots in that forward and in every later one (which feed the block
     alone). Forwards run until every active row's block is full or finished: a row is finished
     (finished[b] True) once its block holds a stop token with every slot before it revealed, and it
-    takes no part in later forwards. Returns block (B, kb), finished (B,) bool, nfe (B,) =
+    takes no part in later forwards. Returns block (B, k), finished (B,) bool, nfe (B,) =
     forwards in which each row still had masks, and steps = [(block, revealed, width)] per forward:
-    the block after it, the (B, kb) slots it revealed (slot 0 included) and the tokens it fed
-    (n_prev + kb in the first forward, kb later).
+    the block after it, the (B, k) slots it revealed (slot 0 included) and the tokens it fed
+    (n_prev + k in the first forward, k later).
     """
     B = prev.size(0)
-    block = prev.new_full((B, kb), settings.mask_id)  # (B, kb)
-    is_masked = active[:, None].expand(B, kb)  # rows already done take no part
+    block = prev.new_full((B, k), settings.mask_id)  # (B, k)
+    is_masked = active[:, None].expand(B, k)  # rows already done take no part
     finished, nfe, steps = torch.zeros_like(active), torch.zeros_like(prev[:, 0]), []
     while is_masked.any():
-        causal, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, kb, V)
+        causal, logits = block_forward(model, cache, prev, block)  # (B, n_prev, V), (B, k, V)
         logits = block_predictions(logits, settings.token_shift)  # position i's, slot read_at(i)
         nfe += is_masked.any(dim=1)
-        width, by_first = prev.size(1) + kb, None
+        width, first_revealed = prev.size(1) + k, None
         if prev.size(1) and settings.first_from_ntp:  # slot 0 from the causal logits, exactly
-            block, is_masked, by_first = reveal_first(block, is_masked, causal, settings, generator)
+            block, is_masked, first_revealed = reveal_first(block, is_masked, causal, settings,
+                                                            generator)
         prev = prev[:, :0]  # committed: later forwards of this block feed the block alone
         block, revealed, _ = reveal_step(logits, block, is_masked, settings, generator)
         is_masked = is_masked & ~revealed
         finished = finished | stop_reached(block, is_masked, stop)
         is_masked = is_masked & ~finished[:, None]
-        steps.append((block, revealed if by_first is None else revealed | by_first, width))
+        shown = revealed if first_revealed is None else revealed | first_revealed
+        steps.append((block, shown, width))
     return block, finished, nfe, steps
 
 
@@ -348,15 +350,15 @@ def sbd_generate(model, prompt, settings, max_new_tokens, generator=None, record
     blocks, nfe, widths, n_out = [], 0 * prev[:, 0], [], 0
     steps = [] if record_steps else None
     while n_out < max_new_tokens and not done.all():
-        kb = min(settings.k, max_new_tokens - n_out)
-        block, finished, block_nfe, block_steps = decode_block(model, cache, prev, kb, ~done,
+        k = min(settings.k, max_new_tokens - n_out)
+        block, finished, block_nfe, block_steps = decode_block(model, cache, prev, k, ~done,
                                                                settings, stop, generator)
         widths += [width for _, _, width in block_steps]
         if record_steps:
             steps += [Step([n_out] * B, tokens.cpu(), revealed.cpu())
                       for tokens, revealed, _ in block_steps]
         blocks.append(block)
-        prev, done, nfe, n_out = block, done | finished, nfe + block_nfe, n_out + kb
+        prev, done, nfe, n_out = block, done | finished, nfe + block_nfe, n_out + k
     out = torch.cat(blocks, dim=1) if blocks else prompt[:, :0]
     return finish(out, stop, nfe, widths, prefill_info, t0, steps)
 

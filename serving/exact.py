@@ -54,23 +54,23 @@ MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before tryin
 # the adaptive block size
 
 
-def next_block_size(k, n_drafts, n_ok, patience, wait, K):
+def next_block_size(k, n_drafts, n_ok, patience, wait, max_k):
     """Adaptive block size of one row after a check of n_drafts drafts, n_ok of them kept.
 
     Rule: a row's first block has 2 slots (patience 0: no evidence yet), and if its draft is kept
-    the next has K: a first block of K would cost two wide forwards on a model whose drafts all
-    fail, and one forward of 2 slots is all that starting small costs one that drafts well. After
-    that, every draft kept -> the block doubles (at most K); some kept, then one rejected -> the
-    block stays (a forward of a few more slots costs little, and smaller blocks than trained on
-    draft worse); none kept -> blocks of 1: plain NTP, one token fed per forward and nothing
-    drafted (exact_generate's ntp_step). Such a row tries k = 2 again after `patience` blocks; its
+    the next has max_k: a first block of max_k would cost two wide forwards on a model whose drafts
+    all fail, and one forward of 2 slots is all that starting small costs one that drafts well.
+    After that, every draft kept -> the block doubles (at most max_k); some kept, then one
+    rejected -> the block stays (a forward of a few more slots costs little, and smaller blocks
+    than trained on draft worse); none kept -> blocks of 1: plain NTP, one token fed per forward
+    and nothing drafted (ntp_step). Such a row tries k = 2 again after `patience` blocks; its
     patience quadruples after each failed try (up to MAX_PATIENCE) and resets once drafts survive,
     as dynamic draft lengths in speculative decoding back off. Returns (k, patience, wait)."""
     if n_drafts == 0:  # nothing to judge by: a block of 1 waits for its next try
         wait = max(wait - 1, 0)
-        return (min(2, K) if k == 1 and wait == 0 else k), patience, wait
+        return (min(2, max_k) if k == 1 and wait == 0 else k), patience, wait
     if n_ok == n_drafts:
-        return (K if patience == 0 else min(2 * k, K)), 1, 0
+        return (max_k if patience == 0 else min(2 * k, max_k)), 1, 0
     if n_ok == 0:
         return 1, min(4 * max(patience, 1), MAX_PATIENCE), max(patience, 1)
     return k, max(patience, 1), 0
@@ -85,12 +85,12 @@ class Rows:
     (none when on_host). Its methods are the decoder's steps: check a forward, draft, finish."""
 
     def __init__(self, prompt, settings, max_new_tokens, vocab_size, tensor_state=False):
-        B, K, device = prompt.size(0), settings.k, prompt.device
+        B, max_k, device = prompt.size(0), settings.k, prompt.device
         if settings.adaptive:  # the block size sets how much is drafted: every slot in one forward
             settings = settings.replace(gamma=ONE_FORWARD)
-        self.settings, self.max_new_tokens, self.K = settings, max_new_tokens, K
+        self.settings, self.max_new_tokens, self.max_k = settings, max_new_tokens, max_k
         # greedy drafts of a whole block per forward: the argmaxes are a row's whole state, kept in
-        # host lists (settle_on_host); else, and with tensor_state (the step view), in tensors
+        # host lists (update_on_host); else, and with tensor_state (the step view), in tensors
         self.on_host = settings.temperature == 0 and settings.gamma >= ONE_FORWARD
         self.on_host &= not tensor_state
         self.stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=device)
@@ -98,20 +98,20 @@ class Rows:
         self.pending = [[t] for t in prompt[:, -1].tolist()]  # to commit: checked token, drafts
         self.pending_revealed_by = [[] for _ in range(B)]  # forward of its block, per pending slot
         # the block size's state (adaptive: a first block of 2, patience 0: next_block_size)
-        first = min(2, K) if settings.adaptive else K
+        first = min(2, max_k) if settings.adaptive else max_k
         self.k, self.patience, self.wait = [first] * B, [0] * B, [0] * B
-        self.kb = [0] * B  # slots of the block being drafted (0: the next forward only checks)
+        self.block_len = [0] * B  # slots of the block being drafted (0: the next forward checks)
         self.block_start = [0] * B  # index of the block's first token among the row's tokens
-        self.block = torch.full((B, K), settings.mask_id, device=device)  # (B, K)
-        self.is_masked = torch.zeros(B, K, dtype=torch.bool, device=device)
-        self.slots = torch.arange(K, device=device)  # (K,)
-        self.revealed_by = torch.full((B, K), -1, device=device)  # forward of the block, per slot
-        self.sure = torch.ones(B, K, dtype=torch.bool, device=device)  # drafts worth checking
+        self.block = torch.full((B, max_k), settings.mask_id, device=device)  # (B, max_k)
+        self.is_masked = torch.zeros(B, max_k, dtype=torch.bool, device=device)
+        self.slots = torch.arange(max_k, device=device)  # (max_k,)
+        self.revealed_by = torch.full((B, max_k), -1, device=device)  # forward, per slot
+        self.confident = torch.ones(B, max_k, dtype=torch.bool, device=device)  # worth checking
         self.forwards = torch.zeros(B, 1, dtype=torch.long, device=device)  # of the current block
-        self.q = self.q_pending = None  # sampling: (B, K, V) the draws' distributions
+        self.q = self.q_pending = None  # sampling: (B, max_k, V) the draws' distributions
         if settings.temperature > 0:
-            self.q = torch.zeros(B, K, vocab_size, device=device)
-            self.q_pending = torch.zeros(B, K - 1, vocab_size, device=device)
+            self.q = torch.zeros(B, max_k, vocab_size, device=device)
+            self.q_pending = torch.zeros(B, max_k - 1, vocab_size, device=device)
         self.stats = {name: [0] * B for name in
                       ("nfe", "accepted", "rejected", "wasted_forwards", "final_checks",
                                "unchecked")}
@@ -127,16 +127,17 @@ class Rows:
 
     def new_block(self, b):
         """Row b's next block: masks after its pending tokens, or none if they end the row."""
-        self.kb[b] = self.block_size(b)
-        if self.on_host:  # the block tensor stays all masks: only fed, never drafted into
+        self.block_len[b] = self.block_size(b)
+        if self.on_host:  # the block tensor stays all masks: fed to the model, never drafted into
             return
         self.block[b] = self.settings.mask_id
-        self.is_masked[b] = self.slots < self.kb[b]
-        self.revealed_by[b], self.forwards[b], self.sure[b] = -1, 0, True
+        self.is_masked[b] = self.slots < self.block_len[b]
+        self.revealed_by[b], self.forwards[b], self.confident[b] = -1, 0, True
 
-    def fed(self, b):
+    def block_width(self, b):
         """Block slots row b feeds next: none if it only checks or commits into a 1-slot block."""
-        return 0 if self.done[b] or self.pending[b] and self.kb[b] == 1 else self.kb[b]
+        only_checks = self.done[b] or self.pending[b] and self.block_len[b] == 1
+        return 0 if only_checks else self.block_len[b]
 
     def emit(self, b, tokens):
         """Checked tokens of row b; the row is done at a stop token or at max_new_tokens."""
@@ -167,11 +168,11 @@ class Rows:
             a, n, drafted = n_ok[b], n_drafts[b], self.pending[b][1:]
             checks[b] = Check(len(self.out[b]), drafted[:a], drafted[a:], None)
             self.stats["accepted"][b] += a
-            self.stats["final_checks"][b] += self.kb[b] == 0
+            self.stats["final_checks"][b] += self.block_len[b] == 0
             self.emit(b, drafted[:a])
             if self.settings.adaptive:
                 self.k[b], self.patience[b], self.wait[b] = next_block_size(
-                    self.k[b], n, a, self.patience[b], self.wait[b], self.K)
+                    self.k[b], n, a, self.patience[b], self.wait[b], self.max_k)
             if a < n:  # draft a is wrong: NTP's token replaces it, the new block is dropped
                 cache.forget(b, n - a)
                 self.stats["rejected"][b] += n - a
@@ -180,7 +181,7 @@ class Rows:
                 self.emit(b, [targets[b][a]])
                 self.pending[b], rejected[b] = [targets[b][a]], True
                 self.new_block(b)
-            elif self.kb[b] == 0:  # the row's last block checked out
+            elif self.block_len[b] == 0:  # the row's last block checked out
                 self.done[b] = True
             else:  # the new block's first token is NTP's own: checked as it is made
                 if not self.on_host:
@@ -208,8 +209,9 @@ class Rows:
         self.is_masked[:, :W] &= ~revealed
         self.revealed_by[:, :W] = torch.where(revealed, self.forwards, self.revealed_by[:, :W])
         if self.settings.min_draft_prob:
-            sure = sure_drafts(suppress_mask(logits, self.settings.mask_id), self.settings)
-            self.sure[:, :W] = torch.where(revealed, sure, self.sure[:, :W])
+            logits = suppress_mask(logits, self.settings.mask_id)
+            confident = confident_drafts(logits, self.settings)
+            self.confident[:, :W] = torch.where(revealed, confident, self.confident[:, :W])
         self.forwards += drafting  # forwards of each row's block
         return revealed
 
@@ -217,38 +219,41 @@ class Rows:
         """Rows among candidates whose block is complete (no mask left, or a stop token with every
         slot before it revealed) make it their pending tokens and start the next block."""
         complete = stop_reached(self.block, self.is_masked, self.stop) | ~self.is_masked.any(1)
-        state = torch.cat([complete[:, None], self.block, self.revealed_by, self.sure],
-                          dim=1).tolist()  # one transfer: flag, block, by, sure
+        state = torch.cat([complete[:, None], self.block, self.revealed_by, self.confident],
+                          dim=1).tolist()  # one transfer: flag, block, by, confident
         complete = [b for b in candidates if state[b][0]]
         if self.q is not None and complete:
             self.q_pending[complete] = self.q[complete, 1:]
-        K, kb = self.K, self.kb
-        for b in complete:  # the row's kb slots of each
-            block, by, sure = (state[b][1 + i * K:1 + i * K + kb[b]] for i in range(3))
-            self.finish_block(b, block, by, sure)
+        max_k, block_len = self.max_k, self.block_len
+        for b in complete:  # the row's block_len slots of each
+            block, by, confident = (state[b][1 + i * max_k:1 + i * max_k + block_len[b]]
+                                    for i in range(3))
+            self.finish_block(b, block, by, confident)
 
-    def finish_block(self, b, block, revealed_by, sure):
-        """Row b's drafted block (its kb tokens) becomes its pending tokens, up to a stop token
-        and before the first draft the head is unsure of (sure: per position; min_draft_prob)."""
+    def finish_block(self, b, block, revealed_by, confident):
+        """Row b's drafted block (its block_len[b] tokens) becomes its pending tokens, up to a stop
+        token and before the first draft the head is unsure of (confident: per position;
+        min_draft_prob)."""
         n_keep = next((i for i, t in enumerate(block) if t in self.settings.stop_ids),
                       len(block) - 1)
-        n_sure = leading_true(sure[1:n_keep + 1])  # position 0 is NTP's own token
-        self.stats["unchecked"][b] += n_keep - n_sure
-        n_keep = n_sure
+        n_confident = leading_true(confident[1:n_keep + 1])  # position 0 is NTP's own token
+        self.stats["unchecked"][b] += n_keep - n_confident
+        n_keep = n_confident
         if self.q_pending is not None:  # no draft after the kept ones: the token after them is
             self.q_pending[b, n_keep:] = 0  # drawn from p (the residual of p - 0), not from p - q
         self.pending[b], self.pending_revealed_by[b] = block[:n_keep + 1], revealed_by
         self.new_block(b)
 
-    def settle(self, cache, logits, pending, n_prev, fed, generator=None, record=False):
+    def update(self, cache, logits, pending, n_prev, block_widths, generator=None, record=False):
         """Check, draft and finish blocks after a forward of pending (B, P) and W block slots,
         logits (B, P + W, V) (lockstep_forward's outputs) -> its Step if record, else None."""
         if self.on_host:
-            return self.settle_on_host(cache, logits, n_prev)
+            return self.update_on_host(cache, logits, n_prev)
         B, P = len(n_prev), pending.size(1)
-        active = [b for b in range(B) if not self.done[b] and self.kb[b]]  # drafting before checks
+        # the rows drafting before the checks
+        active = [b for b in range(B) if not self.done[b] and self.block_len[b]]
         checks, rejected, first = self.check(cache, pending, logits[:, :P], n_prev, generator)
-        drafting = [b in active and not self.done[b] and not rejected[b] and fed[b] > 0
+        drafting = [b in active and not self.done[b] and not rejected[b] and block_widths[b] > 0
                     for b in range(B)]
         block_logits = block_predictions(logits[:, P:], self.settings.token_shift)  # by position
         revealed = self.draft(block_logits, drafting, generator)
@@ -256,38 +261,40 @@ class Rows:
         self.finish_blocks([b for b in active if not self.done[b] and not rejected[b]])
         return step
 
-    def settle_on_host(self, cache, logits, n_prev):
-        """settle for greedy drafts of whole blocks (on_host): one argmax and one transfer; the
+    def update_on_host(self, cache, logits, n_prev):
+        """update for greedy drafts of whole blocks (on_host): one argmax and one transfer; the
         causal slots give NTP's tokens (the check), the block slots the drafts (the reveal)."""
         P, s = max(n_prev), self.settings
         logits = suppress_mask(logits, s.mask_id)
         tokens = greedy(logits).tolist()  # (B, P + W)
         W = logits.size(1) - P
-        sure = (sure_drafts(block_predictions(logits[:, P:], s.token_shift), s).tolist()
+        confident = (confident_drafts(block_predictions(logits[:, P:], s.token_shift), s).tolist()
                 if s.min_draft_prob else [[True] * W] * len(n_prev))  # (B, W) by position
         n_ok = [leading_true([d == t for d, t in zip(p[1:], row)]) if n else 0
                 for p, row, n in zip(self.pending, tokens, n_prev)]  # draft j: causal slot j
         _, _, first = self.commit(cache, n_prev, n_ok, tokens)
         for b in (b for b in range(len(n_prev)) if first[b] and not self.done[b]):
-            kb, shift = self.kb[b], s.token_shift
+            block_len, shift = self.block_len[b], s.token_shift
             # position 0 is NTP's token, just emitted; position i's draft is at slot read_at(i)
-            drafts = tokens[b][P + read_at(1, shift):P + read_at(kb, shift)]
-            self.finish_block(b, self.out[b][-1:] + drafts, [0] * kb, sure[b][:kb])
+            drafts = tokens[b][P + read_at(1, shift):P + read_at(block_len, shift)]
+            self.finish_block(b, self.out[b][-1:] + drafts, [0] * block_len,
+                              confident[b][:block_len])
 
     def step_record(self, revealed, first, checks, rejected, active):
         """The Step of one forward, for the step view: each row's block after it (empty for a row
         that only checked or whose new block was dropped), what it revealed, and its Check."""
-        shown = torch.zeros_like(self.is_masked)  # (B, K): the reveal rule's, NTP's slot 0
+        shown = torch.zeros_like(self.is_masked)  # (B, max_k): the reveal rule's, NTP's slot 0
         if revealed is not None:
             shown[:, :revealed.size(1)] = revealed
         shown[:, 0] |= torch.tensor(first, device=shown.device)
-        kb = [self.kb[b] if b in active and not rejected[b] else 0 for b in range(len(self.out))]
-        tokens = [self.block[b, :n].cpu().clone() for b, n in enumerate(kb)]
-        shown = [shown[b, :n].cpu() for b, n in enumerate(kb)]
+        block_len = [self.block_len[b] if b in active and not rejected[b] else 0
+                     for b in range(len(self.out))]
+        tokens = [self.block[b, :n].cpu().clone() for b, n in enumerate(block_len)]
+        shown = [shown[b, :n].cpu() for b, n in enumerate(block_len)]
         return Step(list(self.block_start), tokens, shown, checks)
 
 
-def sure_drafts(block_logits, settings):
+def confident_drafts(block_logits, settings):
     """(B, W, V) logits of block positions, the mask token suppressed -> (B, W) bool: the
     masked-token head's largest probability there is at least settings.min_draft_prob. Drafts
     from the first unsure one on are not checked: a block of drafts likely kept is cheaper to
@@ -332,9 +339,10 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
         if n:
             widths += [1] * n
             continue
-        logits, pending, n_prev, fed = lockstep_forward(model, cache, rows)
+        logits, pending, n_prev, block_widths = lockstep_forward(model, cache, rows)
         widths.append(logits.size(1))
-        steps.append(rows.settle(cache, logits, pending, n_prev, fed, generator, record_steps))
+        steps.append(rows.update(cache, logits, pending, n_prev, block_widths, generator,
+                                 record_steps))
     stats = DecodeStats(tokens=[len(out) for out in rows.out], widths=widths,
                         steps=steps if record_steps else None,
                         wall_time=time.perf_counter() - t0, **rows.stats, **prefill_info)
@@ -344,7 +352,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
 def ntp_step(model, cache, rows, generator):
     """If every row is at blocks of 1 with no draft to check (adaptive; k = 1): NTP's own loop up
     to a row's next try at drafting, with the lockstep path's tokens, draws, stats. -> forwards."""
-    if any(rows.done) or any(kb != 1 or len(p) != 1 for kb, p in zip(rows.kb, rows.pending)):
+    if any(rows.done) or any(n != 1 or len(p) != 1 for n, p in zip(rows.block_len, rows.pending)):
         return 0
     n = min(rows.max_new_tokens - len(out) for out in rows.out)  # no row past its budget
     # adaptive: a row waiting w more blocks tries k = 2 after its w-th token
@@ -356,7 +364,7 @@ def ntp_step(model, cache, rows, generator):
         for token in row[:n_fed]:
             if rows.settings.adaptive:  # a check of no drafts: one block nearer the next try
                 rows.k[b], rows.patience[b], rows.wait[b] = next_block_size(
-                    rows.k[b], 0, 0, rows.patience[b], rows.wait[b], rows.K)
+                    rows.k[b], 0, 0, rows.patience[b], rows.wait[b], rows.max_k)
             rows.block_start[b] = len(rows.out[b])
             rows.emit(b, [token])
         rows.pending[b], rows.pending_revealed_by[b] = [row[-1]], [0]
@@ -367,31 +375,31 @@ def ntp_step(model, cache, rows, generator):
 
 def lockstep_forward(model, cache, rows):
     """One forward of every row's pending tokens and block -> logits (B, P + W, V) of the padded
-    layout [pending (B, P) ; block (B, W)], pending (B, P), n_prev and fed per row. Each row feeds
-    its own tokens one after the other, at its own cache slots, padded at the end to the widest
-    row (the mask hides the padding, serving.batched.cache_mask); its logits are put back in that
-    layout."""
+    layout [pending (B, P) ; block (B, W)], pending (B, P), n_prev and block_widths per row. Each
+    row feeds its own tokens one after the other, at its own cache slots, padded at the end to the
+    widest row (the mask hides the padding, serving.batched.cache_mask); its logits are put back
+    in that layout."""
     n_prev = [0 if done else len(p) for done, p in zip(rows.done, rows.pending)]
-    fed = [rows.fed(b) for b in range(len(n_prev))]
-    P, W, mask_id = max(n_prev), max(fed), rows.settings.mask_id
+    block_widths = [rows.block_width(b) for b in range(len(n_prev))]
+    P, W, mask_id = max(n_prev), max(block_widths), rows.settings.mask_id
     device = rows.block.device
     pending = torch.tensor([p + [mask_id] * (P - len(p)) if n else [mask_id] * P
                             for p, n in zip(rows.pending, n_prev)], dtype=torch.long, device=device)
     tokens = torch.cat([pending, rows.block[:, :W]], dim=1)  # (B, P + W)
-    if len(set(n_prev)) == len(set(fed)) == 1:  # always at batch 1: no row has padding
+    if len(set(n_prev)) == len(set(block_widths)) == 1:  # always at batch 1: no row has padding
         logits = decode_forward(model, cache, tokens, P)  # plain SBD's forward
-    else:  # row b: its n_prev pending tokens, its fed block slots, then the padding slots
+    else:  # row b: its n_prev pending tokens, its block slots, then the padding slots
         order = torch.tensor([[*range(n), *range(P, P + f), *range(n, P), *range(P + f, P + W)]
-                              for n, f in zip(n_prev, fed)], device=device)  # (B, P + W)
-        n_real = [n + f for n, f in zip(n_prev, fed)]
+                              for n, f in zip(n_prev, block_widths)], device=device)  # (B, P + W)
+        n_real = [n + f for n, f in zip(n_prev, block_widths)]
         logits = decode_forward(model, cache, tokens.gather(1, order),
                                 torch.tensor(n_prev, device=device),
                                 torch.tensor(n_real, device=device))
         back = order.argsort(dim=1)[..., None].expand(-1, -1, logits.size(-1))  # (B, P + W, V)
         logits = logits.gather(1, back)
     for b in range(len(n_prev)):
-        rows.stats["nfe"][b] += bool(n_prev[b] or fed[b])
-    return logits, pending, n_prev, fed
+        rows.stats["nfe"][b] += bool(n_prev[b] or block_widths[b])
+    return logits, pending, n_prev, block_widths
 
 
 def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None, record_steps=False):

@@ -16,10 +16,10 @@ import sys
 import pytest
 import torch
 
+import checkpoint as checkpoint_lib
 import decode
 import model as model_lib
 import sampling
-import sampling as settings_lib
 import tiny_models
 from model import dense_mask
 from sbd import hybrid_mask
@@ -81,11 +81,11 @@ def test_cached_ntp_equals_uncached(family, B):
 
 def test_a_model_trained_without_the_ntp_term_decodes_without_its_ntp_head():
     """A checkpoint whose run had ntp_weight=0 gets settings that leave slot 0 to the rule; any
-    other checkpoint takes slot 0 from the next-token logits (settings.settings_for)."""
+    other checkpoint takes slot 0 from the next-token logits (checkpoint.settings_for)."""
     base = dict(mask_id=3, stop_ids=[0], stage="sbd")
 
     def first_from_ntp(config):
-        return settings_lib.settings_for(dict(base, config=config), gamma=0.1).first_from_ntp
+        return checkpoint_lib.settings_for(dict(base, config=config), gamma=0.1).first_from_ntp
 
     assert not first_from_ntp(dict(ntp_weight=0.0))
     assert first_from_ntp(dict(ntp_weight=0.5))
@@ -249,7 +249,7 @@ def write_checkpoint(path, stage, calibration=None):
                   "dataset": "addition", "mask_id": 1, "stop_ids": [0]}
     torch.save(checkpoint, path)
     if calibration is not None:
-        settings_lib.write_calibration(str(path), checkpoint, calibration)
+        checkpoint_lib.write_calibration(str(path), checkpoint, calibration)
 
 
 def run_sample(out_dir, *args):
