@@ -1,8 +1,8 @@
 """
 The reading counts of bench/reading.py stay within the reader's budget: what a student reads to
-follow one SBD training step, one plain decode and the exact mode (issue budgets: 300, 200 with at
-most 3 calls to the model, 150). The exact mode's sampled path reads 169 lines today: its ceiling
-is what it is, so that it can only shrink.
+follow one SBD training step, one plain decode and the exact mode, on the scale of nanoGPT's
+training step and gpt-fast's decode loops (300 lines, 200 with at most 3 calls to the model, 150).
+The exact mode's sampled path reads 169 lines today: its ceiling is that, so it can only shrink.
 """
 
 import pytest
