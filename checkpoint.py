@@ -161,14 +161,18 @@ def read_calibration(checkpoint_path, checkpoint):
 
 
 def write_calibration(checkpoint_path, checkpoint, calibration):
-    """Write calibration.json next to the checkpoint, atomically (a crash never leaves half)."""
+    """Write calibration.json next to the checkpoint -> its path."""
     path = calibration_path(checkpoint_path)
-    record = dict(checkpoint=os.path.basename(checkpoint_path),
-                  data_version=checkpoint.get("data_version"), **calibration)
+    write_json(path, dict(checkpoint=os.path.basename(checkpoint_path),
+                          data_version=checkpoint.get("data_version"), **calibration))
+    return path
+
+
+def write_json(path, record):
+    """Write a JSON file atomically: a crash never leaves half a file."""
     with open(f"{path}.tmp", "w") as f:
         json.dump(record, f, indent=1)
     os.replace(f"{path}.tmp", path)
-    return path
 
 
 def settings_for(checkpoint, calibration=None, k=None, gamma=None, exact=False, **overrides):

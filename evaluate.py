@@ -32,7 +32,7 @@ import time
 
 import torch
 
-from checkpoint import load_checkpoint, settings_for, write_calibration
+from checkpoint import load_checkpoint, settings_for, write_calibration, write_json
 from configurator import configure, pick_device, require
 from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import (
@@ -42,7 +42,7 @@ from pretrained.loading import (
     load_run,
     pretrained_path,
 )
-from report.summary import machine, print_paired, summary_rows, write_json
+from report.summary import machine, print_paired, summary_rows
 from report.sweep import curves, plot_sweep
 from report.views import exact_name, exact_settings, fp32_identity, step_views, wall_clock
 from sampling import ONE_FORWARD

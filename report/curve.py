@@ -28,10 +28,10 @@ import sys
 
 import torch
 
-from checkpoint import load_checkpoint, settings_for
+from checkpoint import load_checkpoint, settings_for, write_json
 from configurator import configure, pick_device, require, resolve_dtype
 from pretrained.loading import tokenizer_of
-from report.summary import pyplot, write_json
+from report.summary import pyplot
 from sampling import ONE_FORWARD
 from tasks import BenchmarkTask
 from tasks.solve import solve, tokens_per_forward

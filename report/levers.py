@@ -20,12 +20,12 @@ import sys
 
 import torch
 
-from checkpoint import load_checkpoint
+from checkpoint import load_checkpoint, write_json
 from configurator import configure, pick_device, require, resolve_dtype
 from pretrained.loading import tokenizer_of
 from report.curve import snapshots
 from report.screen import decode_val, read_out, summarize
-from report.summary import pyplot, write_json
+from report.summary import pyplot
 from tasks import task_of_checkpoint
 
 OPTIONS = dict(

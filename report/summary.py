@@ -5,9 +5,7 @@ Differences between rows are paired: each row decodes the same test problems, so
 judged by the problems on which the two rows disagree (paired standard error, McNemar's test).
 """
 
-import json
 import math
-import os
 import re
 
 import torch
@@ -48,13 +46,6 @@ def pyplot(picture):
         print(f"(pip install matplotlib to get {picture})")
         return None
     return plt
-
-
-def write_json(path, record):
-    """Write a JSON file atomically: a crash never leaves half a report."""
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(f"{path}.tmp", path)
 
 
 def row_key(name):
