@@ -34,7 +34,6 @@ import torch
 
 from checkpoint import load_checkpoint, settings_for, write_calibration, write_json
 from configurator import configure, pick_device, require
-from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import (
     four_bit_blocks,
     load_baseline,
@@ -46,6 +45,7 @@ from report.summary import machine, print_paired, summary_rows
 from report.sweep import curves, plot_sweep
 from report.views import exact_name, exact_settings, fp32_identity, step_views, wall_clock
 from sampling import ONE_FORWARD
+from serving.layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from tasks import CharTask, task_of_checkpoint
 from tasks.solve import skip_long_prompts, solve, tokens_per_forward
 
@@ -300,7 +300,7 @@ def choices(calibration, best_k, exact_k, task):
 
 def fast_decoding(models, checkpoint, o):
     """Lay every model's weights out for decoding as o's compile, weights and quantized_rows say
-    ('auto': decode_layout.fastest_setup) -> whether they decode compiled."""
+    ('auto': serving.layout.fastest_setup) -> whether they decode compiled."""
     four_bit = four_bit_blocks(checkpoint)
     # 'auto' never quantizes a fine-tune again (sample.py says why): trained weights
     compile, weights = fastest_setup(models[-1], "auto" if o["compile"] is None else o["compile"],

@@ -554,7 +554,7 @@ class LlamaAttention(nn.Module):
 
     def project(self, x, gate=None):
         """x (B, T, dim) -> q, k, v: three products, or one of the fused wqkv that
-        pretrained/decode_layout.py makes (the checkpoint's wq, wk, wv one after the other)."""
+        serving/layout.py makes (the checkpoint's wq, wk, wv one after the other)."""
         if not hasattr(self, "wqkv"):
             return self.wq(x, gate), self.wk(x, gate), self.wv(x, gate)
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim

@@ -20,10 +20,10 @@ only serving's decoders do takes serving's path (serving.exact.decode, the same 
 graphs, int8/int4 weights, the step view (--show_steps), adaptive blocks and the draft floor.
 
 Fast decoding (docs/fast_decoding.md), serving's path: the weights are laid out once for decoding
-(pretrained/decode_layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's
+(serving/layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's
 own 4-bit blocks), and --compile=True runs every forward through torch.compile's graphs, one per
 width (the compile time is printed; a second run finds them in inductor's cache). 'auto' picks
-what is fastest here (decode_layout.fastest_setup).
+what is fastest here (serving.layout.fastest_setup).
 """
 
 import functools
@@ -36,11 +36,11 @@ import torch
 import decode as reference
 from checkpoint import load_checkpoint, read_calibration, settings_for
 from configurator import ConfigError, configure, pick_device, require, resolve_dtype
-from pretrained.decode_layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings
 from serving.batched import format_steps, warm_up
 from serving.exact import decode as serving_decode
+from serving.layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from tasks import chat_prompt, task_of_checkpoint
 
 # -----------------------------------------------------------------------------

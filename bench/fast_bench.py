@@ -1,7 +1,7 @@
 """
 Our decoding next to llama.cpp on the same GGUF file and CPU (batch 1, greedy, prefill excluded):
 NTP eager (serving.batched.ntp_generate on the model as loaded, the decoder before any layout), NTP
-compiled and exact SBD compiled (the product's path: decode_layout.lay_out_for_decoding, then
+compiled and exact SBD compiled (the product's path: serving.layout.lay_out_for_decoding, then
 every forward through serving.batched.compiled_step, as `sample.py --compile=True` runs them), and
 llama.cpp's llama-bench tg<tokens> with the same threads; each as tokens/s and as a ratio to
 llama.cpp. Every contender runs once per rep, interleaved, so that a load that comes and goes hits
@@ -43,11 +43,11 @@ import torch
 from bench.measure import cpu_name, measure_bandwidth, spread
 from checkpoint import load_checkpoint, settings_for
 from configurator import ConfigError, configure, resolve_dtype
-from pretrained.decode_layout import lay_out_for_decoding
 from pretrained.loading import four_bit_blocks, load_pretrained, pretrained_path, tokenizer_of
 from sampling import ONE_FORWARD, DecodeSettings
 from serving.batched import decode_forward, new_cache, ntp_generate, warm_up
 from serving.exact import exact_generate
+from serving.layout import lay_out_for_decoding
 from tasks import BenchmarkTask
 
 # -----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """
-One SmolLM2 block's four matrix products (wqkv, wo, w13, w2: pretrained/decode_layout.py's
+One SmolLM2 block's four matrix products (wqkv, wo, w13, w2: serving/layout.py's
 layout) with the weights dense in the decode dtype, in 8 bits or in 4 bits (DecodeLinear on torch's
 own CPU kernels, _weight_int8pack_mm and _weight_int4pack_mm_for_cpu), for a few rows at a time:
 1 is next-token decoding, 9 and 17 exact SBD's block steps at k = 8 and 16, 32 its widest at k =
@@ -19,7 +19,7 @@ import torch
 
 from bench.measure import cpu_name, spread, timings
 from configurator import ConfigError, configure, resolve_dtype
-from pretrained.decode_layout import DecodeLinear
+from serving.layout import DecodeLinear
 
 widths = (1, 2, 4, 9, 17, 32)  # rows per product
 dim, hidden, kv_dim = 576, 1536, 192  # SmolLM2-135M's block

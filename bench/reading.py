@@ -108,7 +108,11 @@ class Tracer:
         self.depth_to_model = 0
 
     def in_repository(self, filename):
-        return filename.startswith(ROOT) and filename.endswith(".py") and "/tests/" not in filename
+        # a virtual environment may live inside the checkout (CI's .venv): its packages are not ours
+        installed = (filename.startswith(sys.prefix + os.sep)
+                     or f"{os.sep}site-packages{os.sep}" in filename)
+        return (filename.startswith(ROOT) and filename.endswith(".py")
+                and "/tests/" not in filename and not installed)
 
     def __call__(self, frame, event, arg):
         code = frame.f_code

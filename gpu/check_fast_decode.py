@@ -20,12 +20,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 import model as model_lib  # noqa: E402
-from pretrained.decode_layout import lay_out_for_decoding  # noqa: E402
 from sampling import DecodeSettings  # noqa: E402
 from serving import (
     batched,  # noqa: E402
     exact,  # noqa: E402
 )
+from serving.layout import lay_out_for_decoding  # noqa: E402
 
 
 def random_model(family, dtype, std=0.5, **overrides):

@@ -248,7 +248,7 @@ def load_gguf(path, device="cpu", dtype=None):
 
 def four_bit_types(path):
     """The 4-bit types (Q4_0, Q4_1, Q4_K, IQ4_NL, ...) of a GGUF file's block matrices, sorted:
-    what weights=int4 keeps (pretrained/decode_layout.py), as llama.cpp reads them."""
+    what weights=int4 keeps (serving/layout.py), as llama.cpp reads them."""
     reader = open_gguf(os.fspath(path))
     return sorted({t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.")
                    and t.tensor_type.name.startswith(("Q4", "IQ4"))})

@@ -7,4 +7,6 @@ from the reference decoders a student reads (decode.py at the root), whose rules
 - exact.py: exact SBD for batches (per-row cache lengths, lockstep forwards), the adaptive block
   size, the draft floor, the step view's checks, and decode(), the entry that sample.py's serving
   path, evaluate.py and the benchmarks call.
+- layout.py: the weights laid out once for decoding (fused, in the decode dtype, int8 or a GGUF
+  file's 4-bit blocks), and what decodes fastest on this machine (fastest_setup).
 """

@@ -34,10 +34,10 @@ import tiny_models
 from checkpoint import settings_for
 from configurator import ConfigError
 from model import attach_adapter
-from pretrained.decode_layout import lay_out_for_decoding
 from sampling import DecodeSettings
 from sbd import freeze_base, is_adapter
 from serving import batched, exact
+from serving.layout import lay_out_for_decoding
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 

@@ -1,5 +1,5 @@
 """The fast decode path of the product: the static cache's step, the weights laid out for decoding
-(pretrained/decode_layout.py) and the compiled step (batched.compiled_step), against
+(serving/layout.py) and the compiled step (batched.compiled_step), against
 independent definitions in fp32: one uncached forward per row, the model as trained, eager decoding.
 
 Compiling takes tens of seconds on 2 cores, so the compiled checks are two tests (one per family)
@@ -15,9 +15,9 @@ import torch
 import decode
 import tiny_models
 from configurator import ConfigError
-from pretrained.decode_layout import GROUP, DecodeLinear, lay_out_for_decoding
 from sampling import DecodeSettings
 from serving import batched, exact
+from serving.layout import GROUP, DecodeLinear, lay_out_for_decoding
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
