@@ -204,15 +204,10 @@ def new_cache(model, prompt, n_slots):
     return model.new_cache(1, prompt.size(1) + n_slots, prompt.device, dtype=dtype)
 
 
-def prefill_forwards(prompt):
-    """The causal forwards over prompt[:-1] before decoding: one, none for a one-token prompt."""
-    return int(prompt.size(1) > 1)
-
-
 def prefill(model, prompt, cache):
-    """Write prompt[:-1] into the fresh KV cache (prefill_forwards) -> pending (B, 1): the last
-    prompt token, which the first decode forward feeds."""
-    if prefill_forwards(prompt):
+    """Write prompt[:-1] into the fresh KV cache with one causal forward (none for a one-token
+    prompt) -> pending (B, 1): the last prompt token, which the first decode forward feeds."""
+    if prompt.size(1) > 1:
         model(prompt[:, :-1], cache=cache)  # eager: a width that runs once per decode
     return prompt[:, -1:]
 
@@ -262,5 +257,5 @@ def result(out, widths, prompt, **counts):
     """-> ([out], DecodeStats) as serving's decoders return for a batch of one: nfe = the
     decode forwards, widths = the tokens each fed; counts: exact SBD's accepted and rejected."""
     return [out], DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
-                              prefill_forwards=prefill_forwards(prompt),
+                              prefill_forwards=int(prompt.size(1) > 1),
                               **{name: [n] for name, n in counts.items()})

@@ -25,7 +25,7 @@ import torch
 
 import decode
 from configurator import ConfigError
-from decode import DecodeStats, hybrid_forward, prefill_forwards, reveal_first, stop_reached
+from decode import DecodeStats, hybrid_forward, reveal_first, stop_reached
 from sampling import next_token, reveal_step
 from sbd import block_predictions, hybrid_mask
 
@@ -214,7 +214,7 @@ def prefill(model, prompt, cache):
     t0 = time.perf_counter()
     pending = decode.prefill(model, prompt, cache)
     synchronize(prompt.device)
-    return pending, dict(prefill_forwards=prefill_forwards(prompt),
+    return pending, dict(prefill_forwards=int(prompt.size(1) > 1),
                          prefill_time=time.perf_counter() - t0)
 
 
