@@ -116,14 +116,21 @@ def calibrate(model, task, base, ntp_val_accuracy, k, low_target, high_target, g
 
 
 def table_rows(ntp_model, sbd_model, task, base, calibration, budgets, batch_size=250,
-               exact_batch_size=1):
+               exact_batch_size=1, shared=False, reference=None):
     """Table 1 on test -> [(name, result)]; a budget no γ met is a row with result None.
     An exact row's result also counts the problems whose completion equals the SBD model's NTP
-    decoding."""
+    decoding. shared: the SBD model's next-token path is the baseline (shares_next_token_path),
+    so its NTP decoding is the baseline's, not decoded twice. reference: (name, model), a row for
+    the model the run started from, before any fine-tuning."""
     test = task.splits["test"]
     baseline = solve(ntp_model, task, test, base, ntp=True, batch_size=batch_size)
-    sbd_ntp = solve(sbd_model, task, test, base, ntp=True, batch_size=batch_size)
+    sbd_ntp = baseline if shared else solve(sbd_model, task, test, base, ntp=True,
+                                            batch_size=batch_size)
     rows = [("NTP baseline", baseline), ("SBD model, NTP decoding", sbd_ntp)]
+    if reference is not None:
+        name, model = reference
+        rows.insert(1, (f"{name} as loaded, NTP decoding",
+                        solve(model, task, test, base, ntp=True, batch_size=batch_size)))
     for k, chosen in calibration.items():
         decoded = {}  # γ -> result: γ_low and γ_high are often one γ, decoded once
         for name in ("low", "high"):
@@ -178,6 +185,15 @@ def operating_point(calibration):
     speed = {k: dict((g, tpf) for g, _, tpf in c["sweep"])[c["low"]]
              for k, c in calibration.items() if c["low"] is not None}
     return max(speed, key=speed.get) if speed else None
+
+
+def operating_points(calibration, low_target):
+    """-> (operating_point, exact_operating_point); without the first, says how to decode."""
+    best_k = operating_point(calibration)
+    if best_k is None:
+        print(f"\nno k has a γ within {low_target} points of NTP on val: decode with the exact "
+              "mode (sample.py --exact=True) or pass a γ")
+    return best_k, exact_operating_point(calibration)
 
 
 def exact_operating_point(calibration):
@@ -241,37 +257,34 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     task.splits["val"] = task.splits["val"][:o["val_problems"]]
     skipped = skip_long_prompts(task, min(ntp_model.max_seq_len, sbd_model.max_seq_len))
     t0 = time.time()
+    shared = shares_next_token_path(ntp_model, sbd_model)
+    phases = {}  # where the report's time goes, in seconds since t0
+    lap = lambda name: phases.setdefault(name, round(time.time() - t0))
     compiled = fast_decoding([ntp_model, sbd_model, *(reference or [None])[1:]], checkpoint, o)
     base = settings_for(checkpoint, gamma=0.0, compiled=compiled)  # mask, stop, first-token rule
-    if not base.first_from_ntp:
-        print("this SBD model was trained without the NTP term (ntp_weight=0): SBD reveals each "
-              "block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
-              "checks with the untrained next-token head, reproduces its NTP decoding")
-    ntp_val, calibration = calibrate_all(ntp_model, sbd_model, task, base, o)
+    explain_ntp_decoding(base, shared)
+    ntp_val, calibration = calibrate_all(ntp_model, sbd_model, task, base, o, shared)
+    lap("calibrated on val")
     budgets = dict(low=o["low_target"], high=o["high_target"])
     rows = table_rows(ntp_model, sbd_model, task, base, calibration, budgets, o["batch_size"],
-                      o["exact_batch_size"])
-    if reference is not None:  # the model the run started from, before any fine-tuning
-        name, model = reference
-        result = solve(model, task, task.splits["test"], base, ntp=True,
-                       batch_size=o["batch_size"])
-        rows.insert(1, (f"{name} as loaded, NTP decoding", result))
+                      o["exact_batch_size"], shared, reference)
     print_table(rows, task)
     print_paired(rows)
+    lap("Table 1 decoded")
     checks = {}
     if fp32_models is not None:
         checks["fp32"] = fp32_identity(*fp32_models, task, base, calibration,
                                        o["fp32_check_problems"], o["batch_size"],
                                        o["exact_batch_size"])
-    best_k, exact_k = operating_point(calibration), exact_operating_point(calibration)
-    if best_k is None:
-        print(f"\nno k has a γ within {o['low_target']} points of NTP on val: decode with the "
-              "exact mode (sample.py --exact=True) or pass a γ")
+        lap("fp32 check")
+    best_k, exact_k = operating_points(calibration, o["low_target"])
     wall = wall_clock(ntp_model, sbd_model, task, base, calibration, best_k, exact_k,
                       o["timing_problems"])
+    lap("wall clock")
     step_views(sbd_model, task, base, calibration, best_k, exact_k)
     drawn, picture = draw_sweep(sbd_model, task, base, calibration, ntp_val, o, out_dir,
                                 (checkpoint.get("config") or {}).get("k_max"))
+    lap("step views and the sweep's picture")
     write_calibration(os.path.join(out_dir, "ckpt_sbd.pt"), checkpoint,
                       choices(calibration, best_k, exact_k, task))
     summary = dict(val_problems=len(task.splits["val"]), test_problems=len(task.splits["test"]),
@@ -280,12 +293,13 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
                    curves={str(k): c for k, c in drawn.items()}, rows=summary_rows(rows),
                    task=dict(name=task.name, skipped=skipped, **getattr(task, "info", {})),
                    gamma_grid=list(o["grid"]), wall_clock=wall, checks=checks,
-                   **machine(sbd_model, device), seconds=time.time() - t0,
+                   **machine(sbd_model, device), seconds=time.time() - t0, phases=phases,
                    config=checkpoint.get("config"))
     write_json(os.path.join(out_dir, "report.json"), summary)
     print(f"\nwrote the γ choices to {out_dir}/calibration.json, the report to "
           f"{out_dir}/report.json" + (f", the sweep to {picture}" if picture else "")
-          + f" ({time.time() - t0:.0f} s for the report)")
+          + f" ({time.time() - t0:.0f} s for the report; seconds since its start: "
+          + ", ".join(f"{name} {s}" for name, s in phases.items()) + ")")
     return rows, calibration, wall
 
 
@@ -355,14 +369,38 @@ def check_options(o):
     return o
 
 
-def calibrate_all(ntp_model, sbd_model, task, base, o):
+def shares_next_token_path(ntp_model, sbd_model):
+    """Whether the SBD model is a block adapter over the baseline's own weights: then its causal
+    logits are the baseline's (tests/test_adapter.py checks them bit for bit in fp32), and its NTP
+    decoding need not be decoded a second time."""
+    if getattr(sbd_model, "block_adapter", None) is None:
+        return False
+    base = {name: t for name, t in sbd_model.state_dict().items()
+            if ".delta." not in name and not name.startswith("block_adapter.")}
+    own = ntp_model.state_dict()
+    return base.keys() == own.keys() and all(torch.equal(t, own[name]) for name, t in base.items())
+
+
+def explain_ntp_decoding(base, shared):
+    """Say where the SBD model's NTP decoding and its blocks' first tokens come from."""
+    if shared:
+        print("the SBD model is a block adapter over the NTP baseline's weights: its NTP decoding "
+              "is the baseline's (the same next-token path), decoded once")
+    if not base.first_from_ntp:
+        print("this SBD model was trained without the NTP term (ntp_weight=0): SBD reveals each "
+              "block's first slot by the rule (the paper's Algorithm 3), and the exact mode, which "
+              "checks with the untrained next-token head, reproduces its NTP decoding")
+
+
+def calibrate_all(ntp_model, sbd_model, task, base, o, shared=False):
     """-> (NTP val accuracy the budgets count from, {k: calibrate()'s record}).
 
     The budgets count from the better NTP decoding on val: the baseline's, or the SBD model's own
     (which kept training its NTP term), so that a weak baseline never lets a lossy γ through."""
     ntp_vals = [solve(m, task, task.splits["val"], base, ntp=True,
                       batch_size=o["batch_size"])["accuracy"]
-                for m in (ntp_model, sbd_model)]
+                for m in ((ntp_model,) if shared else (ntp_model, sbd_model))]
+    ntp_vals = ntp_vals * (2 if shared else 1)
     ntp_val = max(ntp_vals)
     print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline "
           f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): γ_low within {o['low_target']} "

@@ -28,6 +28,7 @@ from test_training import RESUME, TINY, read_log, train
 
 import checkpoint as checkpoint_lib
 import decode
+import evaluate
 import model as model_lib
 import sbd
 import tiny_models
@@ -390,3 +391,14 @@ def test_compiled_decoding_with_an_adapter_gives_the_eager_tokens():
         compiled, _ = run(m, p, settings.replace(compiled=True), 12)
         assert compiled == eager, run.__name__
     assert compiled == tiny_models.ntp(base, p, 12, mask_id=mask_id_of(m))[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_report_decodes_an_adapters_ntp_once_only_on_its_own_base(family):
+    base, m = adapted(family)
+    assert evaluate.shares_next_token_path(base, m)  # the SBD model's NTP decoding: the base's
+    assert not evaluate.shares_next_token_path(base, base)  # a full fine-tune: decoded apart
+    other = copy.deepcopy(base)
+    with torch.no_grad():
+        next(other.parameters()).view(-1)[0] += 1e-6
+    assert not evaluate.shares_next_token_path(other, m)  # another base: decoded apart

@@ -11,6 +11,8 @@ import evaluate
 import report.seeds as seeds
 import report.summary as summary
 import report.sweep as sweep_picture
+import report.views as views
+from sampling import DecodeSettings
 
 
 def sweep(*points):
@@ -143,3 +145,16 @@ def test_agreement_is_with_the_sbd_models_own_ntp_decoding(capsys):
     assert lines["SmolLM2 as loaded, NTP decoding"].endswith("agree   0.0%")
     assert lines["SBD model, NTP decoding"].endswith("agree 100.0%")
     assert lines["SBD exact k=8 γ=1e+09"].endswith("agree  75.0%")
+
+
+@pytest.mark.parametrize("compiled, calls", [(False, 1), (True, 2)])
+def test_a_compiled_decoder_is_timed_after_an_untimed_pass(monkeypatch, compiled, calls):
+    """The first forward of each width compiles: that is not decoding time."""
+    seconds = iter([100.0, 1.0])  # what each decoding of the problems took
+    made = []
+    monkeypatch.setattr(views, "solve", lambda *a, **kw: made.append(kw) or
+                        dict(seconds=next(seconds)))
+    settings = DecodeSettings(mask_id=0, k=4, compiled=compiled)
+    got = views.seconds_at_batch_1(None, None, ["a problem"], settings)
+    assert len(made) == calls and all(kw["batch_size"] == 1 for kw in made)
+    assert got == (1.0 if compiled else 100.0)
