@@ -147,3 +147,41 @@ def configure(script_globals, argv, print_config=True):
     if print_config:
         print("config: " + ", ".join(f"{k}={v!r}" for k, v in config.items()))
     return config
+
+
+def check_training_settings(c):
+    """train.py's settings (the dict configure returned), checked together before anything runs:
+    a ConfigError that says what is allowed."""
+    require(not (c["dataset"].endswith(".jsonl") and c["init_from"] == "scratch"),
+            f"dataset={c['dataset']!r}: a .jsonl dataset fine-tunes a Llama-family model; set "
+            "init_from to its directory, a .gguf file or 'smollm2'")
+    require(c["sbd_starts_from"] in ("ntp", "init"),
+            f"sbd_starts_from must be 'ntp' or 'init', got {c['sbd_starts_from']!r}")
+    require(c["attention"] in ("sdpa", "flex"),
+            f"attention must be 'sdpa' or 'flex', got {c['attention']!r}")
+    require(1 <= c["k_min"] <= c["k_max"], "block sizes need 1 <= k_min <= k_max, got "
+            f"k_min={c['k_min']}, k_max={c['k_max']}")
+    require(c["batch_size"] >= 1 and c["sbd_batch_size"] >= 0
+            and c["gradient_accumulation_steps"] >= 1,
+            "batch_size and gradient_accumulation_steps must be >= 1 and sbd_batch_size >= 0 "
+            f"(0 = batch_size), got {c['batch_size']}, {c['gradient_accumulation_steps']}, "
+            f"{c['sbd_batch_size']}")
+    require(c["block_phase"] in ("answer", "random", "zero"),
+            f"block_phase must be 'answer', 'random' or 'zero', got {c['block_phase']!r}")
+    require(min(c["ntp_weight"], c["ntp_iters"], c["sbd_iters"]) >= 0,
+            "ntp_weight, ntp_iters and sbd_iters must be >= 0")
+    require(not (c["token_shift"] or c["complementary_masks"]) or c["sbd_iters"] > 0,
+            "token_shift and complementary_masks set how SBD trains: they need sbd_iters > 0")
+    rank = c["adapter_rank"]
+    require(rank >= 0 and not (rank and (c["sbd_iters"] == 0 or c["sbd_starts_from"] == "init"
+                                         and c["ntp_iters"])),
+            f"adapter_rank={rank}: a block adapter (rank >= 1) trains in the SBD stage on top of "
+            "the NTP model: it needs sbd_iters > 0 and sbd_starts_from='ntp'; adapter_rank=0 "
+            "fine-tunes every weight")
+    require(not c["adapter_only"] or (rank and c["ntp_iters"]),
+            "adapter_only saves a block adapter apart from its base, ckpt_ntp.pt: it needs "
+            "adapter_rank >= 1 and ntp_iters > 0")
+    require(not c["token_shift"] or (c["k_min"] >= 2 and (c["ntp_weight"] > 0 or rank)),
+            "token_shift reads a block's first token from the causal head and the rest from the "
+            f"block: use k_min >= 2 (got {c['k_min']}) and keep the NTP term (got "
+            f"ntp_weight={c['ntp_weight']})")

@@ -45,6 +45,7 @@ from report.summary import machine, print_paired, summary_rows
 from report.sweep import curves, plot_sweep
 from report.views import exact_name, exact_settings, fp32_identity, step_views, wall_clock
 from sampling import ONE_FORWARD
+from sbd import is_adapter
 from serving.layout import WEIGHTS, fastest_setup, lay_out_for_decoding
 from tasks import CharTask, task_of_checkpoint
 from tasks.solve import skip_long_prompts, solve, tokens_per_forward
@@ -375,8 +376,7 @@ def shares_next_token_path(ntp_model, sbd_model):
     decoding need not be decoded a second time."""
     if getattr(sbd_model, "block_adapter", None) is None:
         return False
-    base = {name: t for name, t in sbd_model.state_dict().items()
-            if ".delta." not in name and not name.startswith("block_adapter.")}
+    base = {name: t for name, t in sbd_model.state_dict().items() if not is_adapter(name)}
     own = ntp_model.state_dict()
     return base.keys() == own.keys() and all(torch.equal(t, own[name]) for name, t in base.items())
 

@@ -210,15 +210,12 @@ class Linear(nn.Linear):
 
 
 def add_delta(y, x, gate, delta):
-    """y = base(x) (B, T, n_out); at the rows gate (B, T) selects, y + delta(x). Eagerly the delta
-    costs only those rows; a compiled graph needs static shapes and computes it for every row,
-    keeping it only where gated. The other rows are y itself, bit for bit."""
+    """y = base(x) (B, T, n_out); at the rows gate (B, T) selects, y + delta(x); the other rows
+    are y itself, bit for bit. The delta is computed for every row and kept where gated: the
+    forwards that have a block are nearly all block (a decode step's, the noisy half's)."""
     if delta is None or gate is None:
         return y
-    if torch.compiler.is_compiling():
-        return torch.where(gate[..., None], y + delta(x).to(y.dtype), y)
-    rows = gate.nonzero(as_tuple=True)  # (N,) twice: the block's (row, slot) pairs
-    return y.index_put(rows, y[rows] + delta(x[rows]).to(y.dtype))
+    return torch.where(gate[..., None], y + delta(x).to(y.dtype), y)
 
 
 ADAPTER_LAYERS = {  # which of a block's linear layers carry a delta

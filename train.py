@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
 from checkpoint import fingerprint, save_checkpoint
-from configurator import ConfigError, configure, pick_device, resolve_dtype
+from configurator import ConfigError, check_training_settings, configure, pick_device, resolve_dtype
 from model import (
     GPT,
     IGNORE_INDEX,
@@ -120,38 +120,8 @@ config = configure(globals(), sys.argv[1:])
 pretrained = init_from not in ("scratch", "resume")
 if pretrained:
     pretrained_path(init_from)  # a clear error now, before anything else runs
-if dataset.endswith(".jsonl") and init_from == "scratch":
-    raise ConfigError(f"dataset={dataset!r}: a .jsonl dataset fine-tunes a Llama-family model; "
-                      "set init_from to its directory, a .gguf file or 'smollm2'")
-if sbd_starts_from not in ("ntp", "init"):
-    raise ConfigError(f"sbd_starts_from must be 'ntp' or 'init', got {sbd_starts_from!r}")
-if attention not in ("sdpa", "flex"):
-    raise ConfigError(f"attention must be 'sdpa' or 'flex', got {attention!r}")
-if not 1 <= k_min <= k_max:
-    raise ConfigError(f"block sizes need 1 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
-if batch_size < 1 or sbd_batch_size < 0 or gradient_accumulation_steps < 1:
-    raise ConfigError(f"batch_size and gradient_accumulation_steps must be >= 1 and "
-                      f"sbd_batch_size >= 0 (0 = batch_size), got {batch_size}, "
-                      f"{gradient_accumulation_steps}, {sbd_batch_size}")
+check_training_settings(config)  # a setting out of its range: one line that says what is allowed
 sbd_batch_size = sbd_batch_size or batch_size  # resolved once (the saved config keeps the input)
-if block_phase not in ("answer", "random", "zero"):
-    raise ConfigError(f"block_phase must be 'answer', 'random' or 'zero', got {block_phase!r}")
-if min(ntp_weight, ntp_iters, sbd_iters) < 0:
-    raise ConfigError("ntp_weight, ntp_iters and sbd_iters must be >= 0")
-if (token_shift or complementary_masks) and sbd_iters == 0:
-    raise ConfigError("token_shift and complementary_masks set how SBD trains: they need "
-                      "sbd_iters > 0")
-if adapter_rank < 0 or adapter_rank and (sbd_iters == 0 or sbd_starts_from == "init" and ntp_iters):
-    raise ConfigError(f"adapter_rank={adapter_rank}: a block adapter (rank >= 1) trains in the SBD "
-                      "stage on top of the NTP model: it needs sbd_iters > 0 and "
-                      "sbd_starts_from='ntp'; adapter_rank=0 fine-tunes every weight")
-if adapter_only and not (adapter_rank and ntp_iters):
-    raise ConfigError("adapter_only saves a block adapter apart from its base, ckpt_ntp.pt: it "
-                      "needs adapter_rank >= 1 and ntp_iters > 0")
-if token_shift and (k_min < 2 or ntp_weight == 0 and not adapter_rank):
-    raise ConfigError(f"token_shift reads a block's first token from the causal head and the "
-                      f"rest from the block: use k_min >= 2 (got {k_min}) and keep the NTP term "
-                      f"(got ntp_weight={ntp_weight})")
 
 # distributed setup: under torchrun each process trains on its own batches, gradients averaged
 ddp = int(os.environ.get("RANK", -1)) != -1
