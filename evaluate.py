@@ -261,8 +261,9 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
     shared = shares_next_token_path(ntp_model, sbd_model)
     phases = {}  # where the report's time goes, in seconds since t0
     lap = lambda name: phases.setdefault(name, round(time.time() - t0))
-    compiled = fast_decoding([ntp_model, sbd_model, *(reference or [None])[1:]], checkpoint, o)
-    base = settings_for(checkpoint, gamma=0.0, compiled=compiled)  # mask, stop, first-token rule
+    batched, batch_1 = fast_decoding([ntp_model, sbd_model, *(reference or [None])[1:]],
+                                     checkpoint, o)  # whether each decodes compiled
+    base = settings_for(checkpoint, gamma=0.0, compiled=batched)  # mask, stop, first-token rule
     explain_ntp_decoding(base, shared)
     ntp_val, calibration = calibrate_all(ntp_model, sbd_model, task, base, o, shared)
     lap("calibrated on val")
@@ -279,8 +280,8 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
                                        o["exact_batch_size"])
         lap("fp32 check")
     best_k, exact_k = operating_points(calibration, o["low_target"])
-    wall = wall_clock(ntp_model, sbd_model, task, base, calibration, best_k, exact_k,
-                      o["timing_problems"])
+    wall = wall_clock(ntp_model, sbd_model, task, base.replace(compiled=batch_1), calibration,
+                      best_k, exact_k, o["timing_problems"])
     lap("wall clock")
     step_views(sbd_model, task, base, calibration, best_k, exact_k)
     drawn, picture = draw_sweep(sbd_model, task, base, calibration, ntp_val, o, out_dir,
@@ -315,7 +316,8 @@ def choices(calibration, best_k, exact_k, task):
 
 def fast_decoding(models, checkpoint, o):
     """Lay every model's weights out for decoding as o's compile, weights and quantized_rows say
-    ('auto': serving.layout.fastest_setup) -> whether they decode compiled."""
+    ('auto': serving.layout.fastest_setup) -> (whether batches decode compiled, whether the
+    batch-1 wall clock does)."""
     four_bit = four_bit_blocks(checkpoint)
     # 'auto' never quantizes a fine-tune again (sample.py says why): trained weights
     compile, weights = fastest_setup(models[-1], "auto" if o["compile"] is None else o["compile"],
@@ -323,8 +325,12 @@ def fast_decoding(models, checkpoint, o):
     for model in models:
         lay_out_for_decoding(model, next(model.parameters()).dtype, weights, o["quantized_rows"],
                              four_bit)
-    print(f"decoding: {weights} weights, " + ("compiled" if compile else "eager"))
-    return compile
+    # on a CPU a batch of 32 is compute-bound: eager decodes it as fast as the compiled graphs,
+    # which would compile again for every batch shape (docs/findings.md, "The report's batches")
+    batches = compile and next(models[0].parameters()).device.type != "cpu"
+    print(f"decoding: {weights} weights, batches " + ("compiled" if batches else "eager")
+          + ", batch 1 " + ("compiled" if compile else "eager"))
+    return batches, compile
 
 
 def draw_sweep(model, task, base, calibration, ntp_val, o, out_dir, trained_k):

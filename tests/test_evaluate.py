@@ -12,6 +12,7 @@ import report.seeds as seeds
 import report.summary as summary
 import report.sweep as sweep_picture
 import report.views as views
+import tiny_models
 from sampling import DecodeSettings
 
 
@@ -158,3 +159,11 @@ def test_a_compiled_decoder_is_timed_after_an_untimed_pass(monkeypatch, compiled
     got = views.seconds_at_batch_1(None, None, ["a problem"], settings)
     assert len(made) == calls and all(kw["batch_size"] == 1 for kw in made)
     assert got == (1.0 if compiled else 100.0)
+
+
+def test_on_a_cpu_the_batches_decode_eager_and_the_batch_1_clock_as_asked():
+    """A batch is compute-bound on a CPU: compiled graphs would only add a compile per shape."""
+    model = tiny_models.random_model("llama-tiny", 0)
+    o = dict(compile=True, weights="trained", quantized_rows=1)
+    assert evaluate.fast_decoding([model], {}, o) == (False, True)
+    assert evaluate.fast_decoding([model], {}, dict(o, compile=False)) == (False, False)
