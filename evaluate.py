@@ -403,10 +403,10 @@ def calibrate_all(ntp_model, sbd_model, task, base, o, shared=False):
 
     The budgets count from the better NTP decoding on val: the baseline's, or the SBD model's own
     (which kept training its NTP term), so that a weak baseline never lets a lossy γ through."""
-    ntp_vals = [solve(m, task, task.splits["val"], base, ntp=True,
-                      batch_size=o["batch_size"])["accuracy"]
-                for m in ((ntp_model,) if shared else (ntp_model, sbd_model))]
-    ntp_vals = ntp_vals * (2 if shared else 1)
+    val_accuracy = lambda m: solve(m, task, task.splits["val"], base, ntp=True,
+                                   batch_size=o["batch_size"])["accuracy"]
+    baseline = val_accuracy(ntp_model)
+    ntp_vals = [baseline, baseline if shared else val_accuracy(sbd_model)]
     ntp_val = max(ntp_vals)
     print(f"calibrating γ on {len(task.splits['val'])} val problems (NTP decoding: baseline "
           f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): γ_low within {o['low_target']} "
