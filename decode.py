@@ -67,11 +67,10 @@ def sbd(model, prompt, settings, max_new_tokens, generator=None):
 
 @torch.inference_mode()
 def exact(model, prompt, settings, max_new_tokens, generator=None):
-    """Exact SBD: plain SBD's blocks are drafts, each checked (accept) by the causal logits of the
-    forward that commits it, so the output is NTP decoding's (docs/method.md, Exact mode). The
-    drafts before the first rejected one are kept, then NTP's token: it replaces a rejected draft
-    (the cache forgets the drafts after it; the new block, drafted after them, is dropped) or
-    starts the new block; drafts that end the row get a forward that only checks them. Sampling
+    """Exact SBD: plain SBD's blocks are drafts, checked (accept) by the causal logits of the
+    forward that commits them, so the output is NTP decoding's (docs/method.md, Exact mode). The
+    drafts before the first rejected one are kept, then NTP's token, which replaces the rejected
+    draft (the cache forgets the rest, the new block is dropped) or starts the new block. Sampling
     needs rule 'left'. stats.accepted and .rejected count the drafts kept and thrown away."""
     if settings.adaptive or settings.min_draft_prob:
         raise ValueError("adaptive blocks and the draft floor are serving's: serving.exact.decode")
@@ -107,9 +106,9 @@ def exact(model, prompt, settings, max_new_tokens, generator=None):
 
 
 def fill(model, cache, block, logits, settings, generator, widths):
-    """Reveal block's (1, k) masked slots from its logits (1, k, V), then from forwards of the block
-    alone, until no mask is left or a stop token has every slot before it revealed. -> (block,
-    q (1, k, V): the distributions its tokens were drawn from, for exact SBD; None if greedy)."""
+    """Reveal block's (1, k) masks from its logits (1, k, V), then from forwards of the block alone,
+    until none is left or a stop token has every slot before it revealed -> (block, q (1, k, V):
+    what its tokens were drawn from, for exact SBD; None if greedy)."""
     stop = torch.tensor(settings.stop_ids, dtype=torch.long, device=block.device)
     is_masked, q_block = block == settings.mask_id, None  # (1, k)
     while True:
@@ -124,9 +123,9 @@ def fill(model, cache, block, logits, settings, generator, widths):
 
 
 def accept(drafts, causal, q, settings, generator=None):
-    """The acceptance rule for drafts (B, n), causal logits (B, n + 1, V) and, when sampling, the
-    drafts' distributions q (B, >= n, V; None: no drafts) -> (ok (B, n), targets (B, n + 1)). p is
-    NTP sampling's own distribution (mask suppressed, filtered), so the output is NTP's."""
+    """The acceptance rule: drafts (B, n), causal logits (B, n + 1, V), when sampling the drafts'
+    distributions q (B, >= n, V; None: no drafts) -> (ok (B, n), targets (B, n + 1)). p is NTP
+    sampling's own distribution (mask suppressed, filtered), so the output is NTP's."""
     if settings.temperature == 0:
         return accept_greedy(drafts, causal, settings.mask_id)
     logits = suppress_mask(causal, settings.mask_id)
@@ -144,11 +143,10 @@ def accept_greedy(drafts, causal, mask_id):
 
 
 def accept_sampled(drafts, q, p, generator=None):
-    """Speculative sampling's rule (Leviathan et al. 2023; Chen et al. 2023) on drafts (B, n)
-    drawn from q (B, n, V); p (B, n + 1, V). Draft x at slot j is kept with probability min(1,
-    p_j(x) / q_j(x)). -> ok (B, n), targets (B, n + 1): at each j a draw from norm(max(0, p_j -
-    q_j)), used where draft j is the first rejected, and at n a draw from p_n, the token after a
-    fully kept block. The emitted tokens are then draws from p (docs/method.md, Exact sampling)."""
+    """Speculative sampling (Leviathan et al. 2023): drafts (B, n) drawn from q (B, n, V), p (B,
+    n + 1, V); draft x at slot j is kept with probability min(1, p_j(x) / q_j(x)). -> ok (B, n),
+    targets (B, n + 1): at j < n a draw from norm(max(0, p_j - q_j)) (used if j is the first
+    rejected), at n one from p_n. The tokens emitted are draws from p (docs/method.md)."""
     B, n = drafts.shape
     p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
     q_x = q.gather(-1, drafts[..., None])[..., 0]
@@ -166,9 +164,8 @@ def accept_sampled(drafts, q, p, generator=None):
 
 
 def hybrid_forward(model, cache, tokens, n_commit):
-    """One forward of tokens (B, T) on the cache under the hybrid mask -> logits (B, T, V). The
-    first n_commit tokens (an int, or (B,) per row) are causal and committed to the cache; the
-    others are a block whose slots see the whole prefix and each other (sbd.hybrid_mask), never
+    """One forward of tokens (B, T) on the cache under sbd.hybrid_mask -> logits (B, T, V): the
+    first n_commit (an int, or (B,) per row) causal and committed, the rest a block that is never
     committed. Each row's tokens go to its next slots (cache.lengths): a position is its slot."""
     q = cache.next_slots(tokens.size(1))  # (B, T): the slots
     start = (cache.lengths + n_commit)[:, None]  # (B, 1): the block's first slot
@@ -256,6 +253,5 @@ class DecodeStats:
 def result(out, widths, prompt, **counts):
     """-> ([out], DecodeStats) as serving's decoders return for a batch of one: nfe = the
     decode forwards, widths = the tokens each fed; counts: exact SBD's accepted and rejected."""
-    return [out], DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
-                              prefill_forwards=int(prompt.size(1) > 1),
+    return [out], DecodeStats([len(widths)], [len(out)], widths, int(prompt.size(1) > 1),
                               **{name: [n] for name, n in counts.items()})

@@ -320,8 +320,7 @@ def fast_decoding(models, checkpoint, o):
     batch-1 wall clock does)."""
     four_bit = four_bit_blocks(checkpoint)
     # 'auto' never quantizes a fine-tune again (sample.py says why): trained weights
-    compile, weights = fastest_setup(models[-1], "auto" if o["compile"] is None else o["compile"],
-                                     o["weights"], False)
+    compile, weights = fastest_setup(models[-1], o["compile"], o["weights"], False)
     for model in models:
         lay_out_for_decoding(model, next(model.parameters()).dtype, weights, o["quantized_rows"],
                              four_bit)

@@ -16,31 +16,24 @@ prompt, both through the KV cache (the prefill of the prompt is in the wall cloc
 forwards).
 
 The decoders are decode.py's, one function each on one screen, on the model as trained. What
-only serving's decoders do takes serving's path (serving.exact.decode, the same tokens): compiled
-graphs, int8/int4 weights, the step view (--show_steps), adaptive blocks and the draft floor.
-
-Fast decoding (docs/fast_decoding.md), serving's path: the weights are laid out once for decoding
-(serving/layout.py: fused, in the decode dtype; --weights=int8, or int4 = a GGUF file's
-own 4-bit blocks), and --compile=True runs every forward through torch.compile's graphs, one per
-width (the compile time is printed; a second run finds them in inductor's cache). 'auto' picks
-what is fastest here (serving.layout.fastest_setup).
+only serving's decoders do takes serving's path (serving.exact.decoders, the same tokens): compiled
+graphs (--compile), int8/int4 weights (--weights), the step view (--show_steps), adaptive blocks
+and the draft floor (docs/fast_decoding.md).
 """
 
-import functools
 import os
 import sys
 import time
 
 import torch
 
-import decode as reference
 from checkpoint import load_checkpoint, read_calibration, settings_for
 from configurator import ConfigError, configure, pick_device, require, resolve_dtype
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings
 from serving.batched import format_steps, warm_up
-from serving.exact import decode as serving_decode
-from serving.layout import WEIGHTS, fastest_setup, lay_out_for_decoding
+from serving.exact import decoders
+from serving.layout import WEIGHTS
 from tasks import chat_prompt, task_of_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -116,26 +109,10 @@ else:
                                 gamma=None if gamma < 0 else gamma, exact=exact, **sampling,
                                 **floor)
 
-four_bit = four_bit_blocks(init_from or checkpoint)  # did the weights come with 4-bit blocks?
-# 'auto' keeps 4 bits for a model as loaded only: a fine-tune's weights are off the file's grid,
-# and quantizing them again would decode another model than the one trained
-compile, weights = fastest_setup(model, "auto" if compile is None else compile, weights,
-                                 four_bit and bool(init_from))
-settings = settings.replace(compiled=compile)
-# the decoders: decode.py's on the model as trained, or serving's where a setting needs them (the
-# same tokens), on the weights laid out for decoding once
-serving = (compile or weights != "trained" or show_steps or settings.adaptive
-           or settings.min_draft_prob)
-if serving:
-    model = lay_out_for_decoding(model, next(model.parameters()).dtype, weights, quantized_rows,
-                                 four_bit)
-    decode_sbd = functools.partial(serving_decode, record_steps=show_steps)
-    decode_ntp = functools.partial(serving_decode, ntp=True)
-else:
-    decode_sbd = reference.exact if settings.exact else reference.sbd
-    decode_ntp = reference.ntp
-print(f"decoding: {weights} weights ({next(model.parameters()).dtype}), "
-      + ("compiled" if compile else "eager"))
+# the decoders: decode.py's on the model as trained, or serving's where a setting needs them
+model, settings, decode_sbd, decode_ntp = decoders(
+    model, settings, compile, weights, quantized_rows, four_bit_blocks(init_from or checkpoint),
+    as_loaded=bool(init_from), record_steps=show_steps)
 
 if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
@@ -165,9 +142,9 @@ if max_new_tokens > room:
 generator = torch.Generator(device).manual_seed(seed)
 
 # warm both paths up, so that the first sample's wall clock does not pay for lazy setup
-if compile:  # every width now, for the decodes' cache size
+if settings.compiled:  # every width now, for the decodes' cache size
     print(f"compile: {warm_up(model, prompt, max_new_tokens, settings):.1f} s")
-for warm in [] if compile else {"sbd": [decode_sbd], "ntp": [decode_ntp],
+for warm in [] if settings.compiled else {"sbd": [decode_sbd], "ntp": [decode_ntp],
                                 "both": [decode_sbd, decode_ntp]}[mode]:
     warm(model, prompt, settings, 2, generator=generator)
 

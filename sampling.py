@@ -174,14 +174,11 @@ def suppress_mask(logits, mask_id):
 
 
 def filter_logits(logits, temperature, top_k=None, top_p=None):
-    """(..., V) logits -> the logits sampling draws from (temperature > 0). NTP, the drafts and
-    the exact mode's acceptance rule all use this one function, so p and q are filtered alike."""
+    """(..., V) logits -> the logits sampling draws from (temperature > 0): NTP, the drafts and
+    exact SBD's acceptance rule all filter through it, so p and q are filtered alike."""
     logits = logits.float() / temperature
-    if top_k is not None:
-        logits = keep_top_k(logits, top_k)
-    if top_p is not None:
-        logits = keep_top_p(logits, top_p)
-    return logits
+    logits = logits if top_k is None else keep_top_k(logits, top_k)
+    return logits if top_p is None else keep_top_p(logits, top_p)
 
 
 def keep_top_k(logits, top_k):
@@ -228,12 +225,10 @@ def next_token(causal_logits, settings, generator=None):
 
 
 def reveal_step(logits, block, is_masked, settings, generator=None):
-    """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool, q): tokens
-    chosen from the logits with the mask token removed; which to reveal decided on the
-    temperature-1 distribution, whatever the sampling temperature. q (B, k, V): what each token
-    was drawn from (None at temperature 0), for exact SBD's check."""
-    s = settings
-    logits = suppress_mask(logits, s.mask_id)
+    """One forward's block logits (B, k, V) -> (new block (B, k), revealed (B, k) bool, q (B, k,
+    V): what each token was drawn from, for exact SBD's check; None at temperature 0). Which to
+    reveal is decided on the temperature-1 distribution, whatever the sampling temperature."""
+    s, logits = settings, suppress_mask(logits, settings.mask_id)
     q = None if s.temperature == 0 else F.softmax(filter_logits(logits, s.temperature, s.top_k,
                                                                 s.top_p), dim=-1)
     tokens = greedy(logits) if q is None else sample(q, generator)  # (B, k): pick_tokens
@@ -242,5 +237,4 @@ def reveal_step(logits, block, is_masked, settings, generator=None):
     else:
         probs = F.softmax(logits.float(), dim=-1)  # (B, k, V)
         revealed = REVEAL_RULES[s.rule](probs, is_masked, s.gamma)  # (B, k)
-    block = torch.where(revealed, tokens, block)
-    return block, revealed, q
+    return torch.where(revealed, tokens, block), revealed, q

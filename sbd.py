@@ -250,9 +250,8 @@ def shift_read_at(j):
 
 def block_predictions(block_logits, token_shift):
     """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1: position j's row is
-    slot read_at(j)'s. A position that no slot of the block predicts gets the nearest slot's row,
-    which must never be read (block position 0 is revealed from the causal logits before any reveal
-    rule runs: decode.reveal_first)."""
+    slot read_at(j)'s. A position no slot predicts (token shift's 0, which decode.reveal_first
+    takes from the causal logits) gets the nearest slot's row, never read."""
     if not token_shift:
         return block_logits
     W = block_logits.size(1)

@@ -26,11 +26,13 @@ mask (serving.batched.cache_mask) hides the padding.
     tokens, stats = exact_generate(model, prompts, DecodeSettings(mask_id=31, exact=True), 64)
 """
 
+import functools
 import time
 
 import torch
 from torch.nn import functional as F
 
+import decode as reference
 from decode import DecodeStats, accept, stop_reached
 from sampling import ONE_FORWARD, greedy, reveal_step, suppress_mask
 from sbd import block_predictions, read_at
@@ -46,6 +48,7 @@ from serving.batched import (
     prefill,
     sbd_generate,
 )
+from serving.layout import fastest_setup, lay_out_for_decoding
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 
@@ -410,3 +413,25 @@ def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None, r
         return ntp_generate(model, prompt, settings, max_new_tokens, generator)
     run = exact_generate if settings.exact else sbd_generate
     return run(model, prompt, settings, max_new_tokens, generator, record_steps)
+
+
+def decoders(model, settings, compile, weights, quantized_rows, four_bit, as_loaded,
+             record_steps=False):
+    """sample.py's decoders -> (model, settings, SBD's decoder, NTP's): decode.py's on the model
+    as trained, or decode()'s (the same tokens) where a setting needs serving: compiled graphs
+    (compile; None: what fastest_setup picks), int8/int4 weights ('auto': a GGUF file's 4-bit
+    blocks, four_bit, for a model as loaded only: a fine-tune's weights are off the file's grid,
+    and quantizing them again would decode another model than the one trained), the step view
+    (record_steps), adaptive blocks, the draft floor. Serving's model has its weights laid out
+    once for decoding (serving/layout.py)."""
+    compile, weights = fastest_setup(model, compile, weights, four_bit and as_loaded)
+    settings = settings.replace(compiled=compile)
+    print(f"decoding: {weights} weights ({next(model.parameters()).dtype}), "
+          + ("compiled" if compile else "eager"))
+    if not (compile or weights != "trained" or record_steps or settings.adaptive
+            or settings.min_draft_prob):
+        return model, settings, reference.exact if settings.exact else reference.sbd, reference.ntp
+    model = lay_out_for_decoding(model, next(model.parameters()).dtype, weights, quantized_rows,
+                                 four_bit)
+    return (model, settings, functools.partial(decode, record_steps=record_steps),
+            functools.partial(decode, ntp=True))

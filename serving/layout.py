@@ -138,13 +138,14 @@ def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four
 
 
 def fastest_setup(model, compile, weights, as_loaded_four_bit):
-    """sample.py's and evaluate.py's 'auto' -> (compile, weights), what decodes fastest here: a
-    compiled step for a model of 10M parameters or more (below, the compile costs more than it
-    saves) where torch.compile can run; a GGUF file's 4-bit blocks on a CPU where the model's
-    weights are those blocks, as loaded (as_loaded_four_bit; a fine-tune's are not: 4 bits would
-    quantize it again, another model than the one trained). docs/fast_decoding.md."""
+    """sample.py's and evaluate.py's 'auto' (compile None or 'auto', weights 'auto') -> (compile,
+    weights), what decodes fastest here: a compiled step for a model of 10M parameters or more
+    (below, the compile costs more than it saves) where torch.compile can run; a GGUF file's
+    4-bit blocks on a CPU where the model's weights are those blocks, as loaded
+    (as_loaded_four_bit; a fine-tune's are not: 4 bits would quantize it again, another model
+    than the one trained). docs/fast_decoding.md."""
     device = next(model.parameters()).device.type
-    if compile == "auto":
+    if compile in (None, "auto"):
         big = sum(p.numel() for p in model.parameters()) >= 10_000_000
         compile = big and (device == "cuda" or cxx_compiler() is not None)
     if weights == "auto":
