@@ -413,10 +413,13 @@ step_seconds = {}  # each stage's measured seconds per step (the estimate of the
 
 def time_left():
     """Seconds of training left at this pace: each stage's remaining steps at its measured step
-    time; the SBD stage, before it has one, at the NTP step's scaled by its forward's size."""
-    ntp_step = step_seconds.get("ntp", 0.0)
-    sbd_size = sbd_batch_size * (2 + complementary_masks) / batch_size  # slots vs an NTP step
-    sbd_step = step_seconds.get("sbd", ntp_step * sbd_size)
+    time; the SBD stage, before it has one, at the NTP step's scaled by its work per row: a full
+    step's forward and backward over the clean half and the noisy copies (1 + copies rows of work);
+    an adapter's over the copies, without the frozen weights' gradients (about 2/3 of the work),
+    and the clean half's forward alone (1/3)."""
+    ntp_step, copies = step_seconds.get("ntp", 0.0), 1 + complementary_masks
+    per_row = (1 + 2 * copies) / 3 if adapter_rank else 1 + copies  # an NTP row's work is 1
+    sbd_step = step_seconds.get("sbd", ntp_step * per_row * sbd_batch_size / batch_size)
     return (max(ntp_iters - iter_num, 0) * ntp_step
             + min(total_iters - iter_num, sbd_iters) * sbd_step)
 
