@@ -17,6 +17,7 @@ import torch
 from configurator import ConfigError
 from model import GPT, GPTConfig, Llama, LlamaConfig, attach_adapter, rope_frequencies
 from sampling import ONE_FORWARD, DecodeSettings
+from tasks.files import check_same_data
 
 # -----------------------------------------------------------------------------
 # checkpoints
@@ -27,6 +28,21 @@ def save_checkpoint(checkpoint, path):
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)  # atomic on POSIX and Windows
+
+
+def check_resumable(checkpoint, path, model_args, adapter_rank, adapter_layers, task):
+    """Refuse to resume a checkpoint (train.py's ckpt_resume.pt) under another model, block
+    adapter or version of the data than the run's own: it would train something else."""
+    if checkpoint["model_args"] != model_args:
+        raise ConfigError(f"{path} was made with model {checkpoint['model_args']}, this config "
+                          f"asks for {model_args}; use the run's original config")
+    check_same_data(checkpoint, task, path)
+    recorded = checkpoint.get("adapter")  # the block adapter the run trains, if any
+    if (recorded or {}).get("rank", 0) != adapter_rank or recorded and (
+            recorded["layers"] != adapter_layers):
+        raise ConfigError(f"{path} was made with adapter {recorded}, this config asks for "
+                          f"adapter_rank={adapter_rank}, adapter_layers={adapter_layers!r}; use "
+                          "the run's original config")
 
 
 def model_from_checkpoint(checkpoint, device):

@@ -39,7 +39,7 @@ from torch.distributed import barrier, destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
-from checkpoint import fingerprint, save_checkpoint
+from checkpoint import check_resumable, fingerprint, save_checkpoint
 from configurator import ConfigError, check_training_settings, configure, pick_device, resolve_dtype
 from model import (
     GPT,
@@ -52,7 +52,7 @@ from model import (
 )
 from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
-from tasks import CharTask, JsonlTask, check_same_data, step_generator
+from tasks import CharTask, JsonlTask, step_generator
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo
@@ -256,16 +256,7 @@ if adapter_rank:
 
 iter_num, stage, estimated_at = 0, "ntp" if ntp_iters > 0 else "sbd", 0
 if checkpoint is not None:
-    if checkpoint["model_args"] != model_args:
-        raise ConfigError(f"{resume_path} was made with model {checkpoint['model_args']}, this "
-                          f"config asks for {model_args}; use the run's original config")
-    check_same_data(checkpoint, task, resume_path)
-    recorded = checkpoint.get("adapter")  # the block adapter the run trains, if any
-    if (recorded or {}).get("rank", 0) != adapter_rank or recorded and (
-            recorded["layers"] != adapter_layers):
-        raise ConfigError(f"{resume_path} was made with adapter {recorded}, this config asks for "
-                          f"adapter_rank={adapter_rank}, adapter_layers={adapter_layers!r}; use "
-                          "the run's original config")
+    check_resumable(checkpoint, resume_path, model_args, adapter_rank, adapter_layers, task)
     model.load_state_dict(checkpoint["model"])
     iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
     estimated_at = iter_num if checkpoint.get("estimated") else 0  # logged before it was saved
