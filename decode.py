@@ -143,10 +143,10 @@ def accept_greedy(drafts, causal, mask_id):
 
 
 def accept_sampled(drafts, q, p, generator=None):
-    """Speculative sampling (Leviathan et al. 2023): drafts (B, n) drawn from q (B, n, V), p (B,
-    n + 1, V); draft x at slot j is kept with probability min(1, p_j(x) / q_j(x)). -> ok (B, n),
-    targets (B, n + 1): at j < n a draw from norm(max(0, p_j - q_j)) (used if j is the first
-    rejected), at n one from p_n. The tokens emitted are draws from p (docs/method.md)."""
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): drafts (B, n) drawn from q
+    (B, n, V), p (B, n + 1, V); draft x at slot j is kept with probability min(1, p_j(x) / q_j(x)).
+    -> ok (B, n), targets (B, n + 1): at j < n a draw from norm(max(0, p_j - q_j)) (used if j is
+    the first rejected), at n one from p_n. The tokens emitted are draws from p (docs/method.md)."""
     B, n = drafts.shape
     p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
     q_x = q.gather(-1, drafts[..., None])[..., 0]
@@ -253,5 +253,6 @@ class DecodeStats:
 def result(out, widths, prompt, **counts):
     """-> ([out], DecodeStats) as serving's decoders return for a batch of one: nfe = the
     decode forwards, widths = the tokens each fed; counts: exact SBD's accepted and rejected."""
-    return [out], DecodeStats([len(widths)], [len(out)], widths, int(prompt.size(1) > 1),
+    return [out], DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
+                              prefill_forwards=int(prompt.size(1) > 1),
                               **{name: [n] for name, n in counts.items()})
