@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from sampling import filter_logits, greedy, next_token, reveal_step, sample, suppress_mask
+from sampling import greedy, next_token, reveal_step, sample, sampling_probs, suppress_mask
 from sbd import block_predictions, hybrid_mask
 
 # -----------------------------------------------------------------------------
@@ -33,7 +33,7 @@ from sbd import block_predictions, hybrid_mask
 def ntp(model, prompt, settings, max_new_tokens, generator=None):
     """Next-token decoding: each forward feeds the newest token and yields the next (NFE = tokens).
     NTP uses the settings' stop tokens, mask token (never emitted) and sampling."""
-    cache = new_cache(model, prompt, max_new_tokens)
+    cache = model.new_cache(1, prompt.size(1) + max_new_tokens, prompt.device)
     pending = prefill(model, prompt, cache)  # (1, 1): the last prompt token
     out = []
     while not finished(out, settings, max_new_tokens):
@@ -49,7 +49,7 @@ def sbd(model, prompt, settings, max_new_tokens, generator=None):
     and commits the previous block causally; its last causal logit gives block position 0 NTP's
     token (first_from_ntp), and the reveal rule reveals the others in this forward and later ones
     (fill). The row ends at a stop token with every position before it revealed."""
-    cache = new_cache(model, prompt, max_new_tokens)
+    cache = model.new_cache(1, prompt.size(1) + max_new_tokens, prompt.device)
     prev = prefill(model, prompt, cache)  # (1, 1): committed by the first forward
     out, widths = [], []
     while not finished(out, settings, max_new_tokens):
@@ -68,13 +68,12 @@ def sbd(model, prompt, settings, max_new_tokens, generator=None):
 @torch.inference_mode()
 def exact(model, prompt, settings, max_new_tokens, generator=None):
     """Exact SBD: plain SBD's blocks are drafts, checked (accept) by the causal logits of the
-    forward that commits them, so the output is NTP decoding's (docs/method.md, Exact mode). The
-    drafts before the first rejected one are kept, then NTP's token, which replaces the rejected
-    draft (the cache forgets the rest, the new block is dropped) or starts the new block. Sampling
-    needs rule 'left'. stats.accepted and .rejected count the drafts kept and thrown away."""
+    forward that commits them, so the output is NTP's (docs/method.md, Exact mode). The drafts
+    before the first rejected one are kept, then NTP's token, which replaces the rejected draft
+    (the cache forgets the rest, the new block is dropped) or starts the new block."""
     if settings.adaptive or settings.min_draft_prob:
         raise ValueError("adaptive blocks and the draft floor are serving's: serving.exact.decode")
-    cache = new_cache(model, prompt, max_new_tokens + 2 * settings.k)  # and a forward's room
+    cache = model.new_cache(1, prompt.size(1) + max_new_tokens + 2 * settings.k, prompt.device)
     pending = prefill(model, prompt, cache)  # (1, 1 + n): a checked token, n drafts
     q, out, widths, accepted, rejected = None, [], [], 0, 0  # q (1, n, V): what drafts drew from
     while not finished(out, settings, max_new_tokens):
@@ -98,7 +97,7 @@ def exact(model, prompt, settings, max_new_tokens, generator=None):
                 block, q = fill(model, cache, block, logits[:, n + 1:], settings, generator, widths)
             pending = block[:, :len(until_stop(block[0].tolist(), settings))]
             q = None if q is None else q[:, 1:pending.size(1)]  # (1, n, V): position 0 is NTP's
-    return result(out, widths, prompt, accepted=accepted, rejected=rejected)
+    return result(out, widths, prompt, accepted=[accepted], rejected=[rejected])
 
 
 # -----------------------------------------------------------------------------
@@ -128,8 +127,7 @@ def accept(drafts, causal, q, settings, generator=None):
     sampling's own distribution (mask suppressed, filtered), so the output is NTP's."""
     if settings.temperature == 0:
         return accept_greedy(drafts, causal, settings.mask_id)
-    logits = suppress_mask(causal, settings.mask_id)
-    p = F.softmax(filter_logits(logits, settings.temperature, settings.top_k, settings.top_p), -1)
+    p = sampling_probs(suppress_mask(causal, settings.mask_id), settings)  # (B, n + 1, V)
     q = p[:, :0] if q is None else q[:, :drafts.size(1)]
     return accept_sampled(drafts, q, p, generator)
 
@@ -144,9 +142,8 @@ def accept_greedy(drafts, causal, mask_id):
 
 def accept_sampled(drafts, q, p, generator=None):
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): drafts (B, n) drawn from q
-    (B, n, V), p (B, n + 1, V); draft x at slot j is kept with probability min(1, p_j(x) / q_j(x)).
-    -> ok (B, n), targets (B, n + 1): at j < n a draw from norm(max(0, p_j - q_j)) (used if j is
-    the first rejected), at n one from p_n. The tokens emitted are draws from p (docs/method.md)."""
+    (B, n, V), p (B, n + 1, V) -> ok (B, n): draft x at j kept with probability min(1, p_j(x) /
+    q_j(x)); targets (B, n + 1): at j < n a draw from norm(max(0, p_j - q_j)), at n from p_n."""
     B, n = drafts.shape
     p_x = p[:, :n].gather(-1, drafts[..., None])[..., 0]  # (B, n)
     q_x = q.gather(-1, drafts[..., None])[..., 0]
@@ -195,12 +192,6 @@ def stop_reached(block, is_masked, stop):
 # the small steps every decoder shares
 
 
-def new_cache(model, prompt, n_slots):
-    """A KV cache with room for prompt (1, T0) and n_slots more tokens, in the model's dtype."""
-    dtype = next(model.parameters()).dtype
-    return model.new_cache(1, prompt.size(1) + n_slots, prompt.device, dtype=dtype)
-
-
 def prefill(model, prompt, cache):
     """Write prompt[:-1] into the fresh KV cache with one causal forward (none for a one-token
     prompt) -> pending (B, 1): the last prompt token, which the first decode forward feeds."""
@@ -232,17 +223,8 @@ class DecodeStats:
     tokens: list  # tokens generated per row, up to and including the first stop token
     widths: list  # tokens fed per row by each decode forward of the batch (bench/ times them)
     prefill_forwards: int  # causal forwards over prompt[:-1] before decoding (0: 1-token prompt)
-    # serving's decoders time themselves (bench/ reads it); the reference leaves both None
-    prefill_time: float = None  # seconds of the prefill
-    wall_time: float = None  # seconds of the whole decode, prefill included
-    steps: list = None  # serving's step view (record_steps): one Step per decode forward
-    # exact SBD only: drafts NTP confirmed, drafts it rejected, forwards whose every reveal was
-    # rejected, forwards that only checked a row's last block, drafts never checked (too unsure)
-    accepted: list = None
-    rejected: list = None
-    wasted_forwards: list = None
-    final_checks: list = None
-    unchecked: list = None
+    accepted: list = None  # exact SBD only: drafts NTP confirmed
+    rejected: list = None  # exact SBD only: drafts it rejected
 
     @property
     def tokens_per_forward(self):
@@ -251,8 +233,6 @@ class DecodeStats:
 
 
 def result(out, widths, prompt, **counts):
-    """-> ([out], DecodeStats) as serving's decoders return for a batch of one: nfe = the
-    decode forwards, widths = the tokens each fed; counts: exact SBD's accepted and rejected."""
+    """-> ([out], DecodeStats) as serving returns for a batch of one; counts: exact SBD's."""
     return [out], DecodeStats(nfe=[len(widths)], tokens=[len(out)], widths=widths,
-                              prefill_forwards=int(prompt.size(1) > 1),
-                              **{name: [n] for name, n in counts.items()})
+                              prefill_forwards=int(prompt.size(1) > 1), **counts)

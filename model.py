@@ -392,10 +392,10 @@ class GPT(nn.Module):
             cache.commit(n_commit)
         return logits, (cross_entropy(logits, targets) if targets is not None else None)
 
-    def new_cache(self, batch_size, max_len, device, dtype=torch.float32):
-        c = self.config
-        return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head,
-                       max_len, device, dtype)
+    def new_cache(self, batch_size, max_len, device, dtype=None):
+        c, dtype = self.config, dtype or self.lm_head.weight.dtype  # the model's, by default
+        return KVCache(c.n_layer, batch_size, c.n_head, c.n_embd // c.n_head, max_len, device,
+                       dtype)
 
 
 def block_gate(model, idx, cache, block_start):

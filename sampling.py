@@ -173,14 +173,6 @@ def suppress_mask(logits, mask_id):
     return logits
 
 
-def filter_logits(logits, temperature, top_k=None, top_p=None):
-    """(..., V) logits -> the logits sampling draws from (temperature > 0): NTP, the drafts and
-    exact SBD's acceptance rule all filter through it, so p and q are filtered alike."""
-    logits = logits.float() / temperature
-    logits = logits if top_k is None else keep_top_k(logits, top_k)
-    return logits if top_p is None else keep_top_p(logits, top_p)
-
-
 def keep_top_k(logits, top_k):
     """(..., V) logits with all but the top_k largest set to -inf."""
     kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
@@ -209,19 +201,23 @@ def greedy(logits):
     return logits.max(-1).indices
 
 
-def pick_tokens(logits, temperature=0.0, top_k=None, generator=None, top_p=None):
-    """(..., V) logits -> (...) token ids: argmax at temperature 0 (greedy, the paper's setting),
-    else a draw from softmax(filter_logits(...))."""
-    if temperature == 0:
-        return greedy(logits)
-    return sample(F.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1), generator)
+def sampling_probs(logits, settings):
+    """(..., V) logits, the mask token's suppressed -> the distribution a draw at the settings'
+    temperature (> 0), top_k and top_p comes from. NTP, the drafts and exact SBD's acceptance rule
+    all draw from it, so p and q are filtered alike."""
+    logits = logits.float() / settings.temperature
+    logits = logits if settings.top_k is None else keep_top_k(logits, settings.top_k)
+    logits = logits if settings.top_p is None else keep_top_p(logits, settings.top_p)
+    return F.softmax(logits, dim=-1)
 
 
 def next_token(causal_logits, settings, generator=None):
-    """(B, V) next-token logits -> (B,) the token NTP decoding would emit there."""
+    """(B, V) next-token logits -> (B,) the token NTP decoding would emit there: the argmax at
+    temperature 0 (the paper's setting), else a draw from sampling_probs."""
     logits = suppress_mask(causal_logits, settings.mask_id)
-    s = settings
-    return pick_tokens(logits, s.temperature, s.top_k, generator, s.top_p)
+    if settings.temperature == 0:
+        return greedy(logits)
+    return sample(sampling_probs(logits, settings), generator)
 
 
 def reveal_step(logits, block, is_masked, settings, generator=None):
@@ -229,9 +225,8 @@ def reveal_step(logits, block, is_masked, settings, generator=None):
     V): what each token was drawn from, for exact SBD's check; None at temperature 0). Which to
     reveal is decided on the temperature-1 distribution, whatever the sampling temperature."""
     s, logits = settings, suppress_mask(logits, settings.mask_id)
-    q = None if s.temperature == 0 else F.softmax(filter_logits(logits, s.temperature, s.top_k,
-                                                                s.top_p), dim=-1)
-    tokens = greedy(logits) if q is None else sample(q, generator)  # (B, k): pick_tokens
+    q = None if s.temperature == 0 else sampling_probs(logits, s)  # (B, k, V)
+    tokens = greedy(logits) if q is None else sample(q, generator)  # (B, k): next_token's choice
     if s.gamma >= ONE_FORWARD:  # no rule's budget is spent (k ln V of entropy is far below it)
         revealed = is_masked.clone()
     else:

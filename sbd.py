@@ -249,9 +249,8 @@ def shift_read_at(j):
 
 
 def block_predictions(block_logits, token_shift):
-    """Block slots' logits (B, W, V) -> the logits of block positions 0..W-1: position j's row is
-    slot read_at(j)'s. A position no slot predicts (token shift's 0, which decode.reveal_first
-    takes from the causal logits) gets the nearest slot's row, never read."""
+    """Block slots' logits (B, W, V) -> block positions' logits: position j's row is slot
+    read_at(j)'s; one no slot predicts (token shift's 0: reveal_first's) gets the nearest's."""
     if not token_shift:
         return block_logits
     W = block_logits.size(1)

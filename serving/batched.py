@@ -30,7 +30,21 @@ from sampling import next_token, reveal_step
 from sbd import block_predictions, hybrid_mask
 
 # -----------------------------------------------------------------------------
-# the step view's records (a decode's stats are decode.DecodeStats)
+# what serving's decoders return besides tokens: the reference's counts, timings, the step view
+
+
+@dataclass
+class ServingStats(DecodeStats):
+    """decode.DecodeStats, plus what serving's decoders also measure (bench/ reads it)."""
+
+    prefill_time: float = None  # seconds of the prefill
+    wall_time: float = None  # seconds of the whole decode, prefill included
+    steps: list = None  # the step view (record_steps): one Step per decode forward
+    # exact SBD only: forwards whose every reveal was rejected, forwards that only checked a row's
+    # last block, drafts never checked (too unsure)
+    wasted_forwards: list = None
+    final_checks: list = None
+    unchecked: list = None
 
 
 @dataclass
@@ -227,13 +241,13 @@ def synchronize(device):
 
 
 def finish(out, stop, nfe, widths, prefill_info, t0, steps=None):
-    """Cut each row of out (B, N) after its first stop token -> (token lists, DecodeStats)."""
+    """Cut each row of out (B, N) after its first stop token -> (token lists, ServingStats)."""
     is_stop = torch.isin(out, stop)  # (B, N)
     first_stop = is_stop.int().argmax(dim=1)  # (B,): index of the first stop token (0 if none)
     lengths = torch.where(is_stop.any(dim=1), first_stop + 1, out.size(1)).tolist()  # waits
     tokens = [row[:n] for row, n in zip(out.tolist(), lengths)]
-    stats = DecodeStats(nfe=nfe.tolist(), tokens=lengths, widths=widths, steps=steps,
-                        wall_time=time.perf_counter() - t0, **prefill_info)
+    stats = ServingStats(nfe=nfe.tolist(), tokens=lengths, widths=widths, steps=steps,
+                         wall_time=time.perf_counter() - t0, **prefill_info)
     return tokens, stats
 
 

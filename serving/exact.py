@@ -33,11 +33,12 @@ import torch
 from torch.nn import functional as F
 
 import decode as reference
-from decode import DecodeStats, accept, stop_reached
+from decode import accept, stop_reached
 from sampling import ONE_FORWARD, greedy, reveal_step, suppress_mask
 from sbd import block_predictions, read_at
 from serving.batched import (
     Check,
+    ServingStats,
     Step,
     check_mask_id,
     check_prompt,
@@ -346,9 +347,9 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
         widths.append(logits.size(1))
         steps.append(rows.update(cache, logits, pending, n_prev, block_widths, generator,
                                  record_steps))
-    stats = DecodeStats(tokens=[len(out) for out in rows.out], widths=widths,
-                        steps=steps if record_steps else None,
-                        wall_time=time.perf_counter() - t0, **rows.stats, **prefill_info)
+    stats = ServingStats(tokens=[len(out) for out in rows.out], widths=widths,
+                         steps=steps if record_steps else None,
+                         wall_time=time.perf_counter() - t0, **rows.stats, **prefill_info)
     return rows.out, stats
 
 
@@ -406,7 +407,7 @@ def lockstep_forward(model, cache, rows):
 
 
 def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None, record_steps=False):
-    """Decode prompts as the settings say -> (token lists, DecodeStats): NTP with ntp=True (the
+    """Decode prompts as the settings say -> (token lists, ServingStats): NTP with ntp=True (the
     baseline, with the settings' stop and mask tokens and sampling; it records no steps), else
     exact or plain SBD."""
     if ntp:

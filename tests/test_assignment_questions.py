@@ -149,7 +149,7 @@ def answer_5_3():  # exact mode: drafts [5, 9, 2, 7], NTP's argmaxes [5, 9, 3, 7
 def answer_5_4():  # cache.length after each forward: prompt of 6, k = 4, blocks in 3 and 2
     m = random_model("gpt-tiny")
     prompt = torch.randint(0, 60, (1, 6), generator=torch.Generator().manual_seed(0))
-    cache = decode.new_cache(m, prompt, 8)
+    cache = m.new_cache(1, prompt.size(1) + 8, prompt.device)
     prev = decode.prefill(m, prompt, cache)
     block, lengths = torch.full((1, 4), 63), []
     with torch.no_grad():

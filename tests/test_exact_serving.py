@@ -19,7 +19,7 @@ import decode
 import model as model_lib
 import sampling
 import tiny_models
-from sampling import DecodeSettings, filter_logits
+from sampling import DecodeSettings
 from serving import batched, exact
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -155,7 +155,10 @@ def enumerate_ntp(m, prompt, n, mask_id, temperature=1.0, top_k=None):
         idx = torch.tensor([prompt + list(out)])
         logits, _ = m(idx)
         logits[..., mask_id] = float("-inf")
-        p = F.softmax(filter_logits(logits[0, len(prompt) - 1:-1], temperature, top_k), dim=-1)
+        logits = logits[0, len(prompt) - 1:-1] / temperature  # (n, V): the steps' next tokens
+        if top_k is not None:  # by hand: all but the top_k largest logits out
+            logits[logits < torch.topk(logits, top_k, dim=-1).values[:, -1:]] = float("-inf")
+        p = F.softmax(logits, dim=-1)
         probs[out] = float(torch.prod(p[torch.arange(n), torch.tensor(out)]))
     return probs
 

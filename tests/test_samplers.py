@@ -129,28 +129,32 @@ def test_batch_rows_are_independent(rule):
 # token choice
 
 
+def settings(**fields):
+    """Settings that only choose tokens (mask_id None: nothing suppressed)."""
+    return sampling.DecodeSettings(mask_id=fields.pop("mask_id", None), **fields)
+
+
 def test_mask_token_is_never_chosen():
     logits = torch.randn(4, 3, 10)
     logits[..., 7] = 100.0  # the mask token would win everything
     suppressed = sampling.suppress_mask(logits, 7)
     assert logits[0, 0, 7] == 100.0, "suppress_mask must not modify its input"
-    assert not (sampling.pick_tokens(suppressed) == 7).any()
+    assert not (sampling.next_token(logits, settings(mask_id=7)) == 7).any()
     g = torch.Generator().manual_seed(0)
-    sampled = sampling.pick_tokens(suppressed, temperature=1.0, generator=g)
-    assert not (sampled == 7).any()
+    sampled = sampling.next_token(logits, settings(mask_id=7, temperature=1.0), g)
+    assert not (sampled == 7).any() and torch.equal(suppressed[..., :7], logits[..., :7])
 
 
 def test_greedy_and_top_k():
     logits = torch.randn(8, 5, 30)
-    assert torch.equal(sampling.pick_tokens(logits), logits.argmax(-1))
+    assert torch.equal(sampling.next_token(logits, settings()), logits.argmax(-1))
     g = torch.Generator().manual_seed(0)
-    top1 = sampling.pick_tokens(logits, temperature=2.0, top_k=1, generator=g)
+    top1 = sampling.next_token(logits, settings(temperature=2.0, top_k=1), g)
     assert torch.equal(top1, logits.argmax(-1))
     top3 = torch.topk(logits, 3, dim=-1).indices  # (8, 5, 3)
     for _ in range(5):
-        drawn = sampling.pick_tokens(logits, temperature=1.5, top_k=3, generator=g)  # (8, 5)
+        drawn = sampling.next_token(logits, settings(temperature=1.5, top_k=3), g)  # (8, 5)
         assert (drawn[..., None] == top3).any(-1).all(), "top_k=3 drew a token outside the top 3"
-
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -166,8 +170,8 @@ def test_greedy_is_argmax_with_ties_to_the_lowest_id(dtype):
 
 def test_sampling_follows_the_generator():
     logits = torch.randn(2, 4, 30)
-    a = sampling.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
-    b = sampling.pick_tokens(logits, 1.0, None, torch.Generator().manual_seed(1))
+    a = sampling.next_token(logits, settings(temperature=1.0), torch.Generator().manual_seed(1))
+    b = sampling.next_token(logits, settings(temperature=1.0), torch.Generator().manual_seed(1))
     assert torch.equal(a, b)
 
 

@@ -78,7 +78,7 @@ def test_fill_fills_one_block_and_commits_nothing():
     ref_tokens, ref_forwards = reference_sbd(m, prompt[0].tolist(), 8, GAMMA, "entropy", 16)
     settings = settings_of(m, k=8, gamma=GAMMA)
     with torch.inference_mode():
-        cache = decode.new_cache(m, prompt, 16)
+        cache = m.new_cache(1, prompt.size(1) + 16, prompt.device)
         prev = decode.prefill(m, prompt, cache)
         for b in range(2):  # block 0 after the pending prompt token, block 1 after block 0
             block = prev.new_full((1, 8), mask_id_of(m))
