@@ -550,12 +550,8 @@ class LlamaAttention(nn.Module):
             self.q_norm, self.k_norm = RMSNorm(hd, config.norm_eps), RMSNorm(hd, config.norm_eps)
 
     def project(self, x, gate=None):
-        """x (B, T, dim) -> q, k, v: three products, or one of the fused wqkv that
-        serving/layout.py makes (the checkpoint's wq, wk, wv one after the other)."""
-        if not hasattr(self, "wqkv"):
-            return self.wq(x, gate), self.wk(x, gate), self.wv(x, gate)
-        nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
-        return self.wqkv(x, gate).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        """x (B, T, dim) -> q, k, v (serving/layout.py fuses the three products into one)."""
+        return self.wq(x, gate), self.wk(x, gate), self.wv(x, gate)
 
     def forward(self, x, cos, sin, layer, mask, cache, n_commit, gate=None):
         """x (B, T, dim) -> (B, T, dim), grouped-query attention: q gets n_heads heads, k and v
@@ -582,11 +578,7 @@ class FeedForward(nn.Module):
         self.w3 = Linear(config.dim, config.ffn_hidden, bias=False)  # up
 
     def forward(self, x, gate=None):
-        if hasattr(self, "w13"):  # lay_out_for_decoding's fused [w1 ; w3]: one product
-            w1x, w3x = self.w13(x, gate).chunk(2, dim=-1)
-        else:
-            w1x, w3x = self.w1(x, gate), self.w3(x, gate)
-        return self.w2(F.silu(w1x) * w3x, gate)  # SwiGLU
+        return self.w2(F.silu(self.w1(x, gate)) * self.w3(x, gate), gate)  # SwiGLU
 
 
 class LlamaBlock(nn.Module):

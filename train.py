@@ -35,8 +35,6 @@ import time
 from contextlib import nullcontext
 
 import torch
-from torch.distributed import barrier, destroy_process_group, init_process_group
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import sbd
 from checkpoint import check_resumable, fingerprint, save_checkpoint
@@ -53,6 +51,7 @@ from model import (
 from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
 from tasks import CharTask, JsonlTask, step_generator
+from training import parallel
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo
@@ -123,17 +122,9 @@ if pretrained:
 check_training_settings(config)  # a setting out of its range: one line that says what is allowed
 sbd_batch_size = sbd_batch_size or batch_size  # resolved once (the saved config keeps the input)
 
-# distributed setup: under torchrun each process trains on its own batches, gradients averaged
-ddp = int(os.environ.get("RANK", -1)) != -1
-if ddp:
-    init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = f"cuda:{int(os.environ['LOCAL_RANK'])}" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)
-else:
-    rank, world_size = 0, 1
-    device = pick_device(device)
+# under torchrun each process trains on its own batches, gradients averaged (training/parallel.py)
+ddp = parallel.under_torchrun()
+rank, world_size, device = parallel.start(pick_device(device))
 master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else device
 if attention == "flex" and device_type != "cuda":
@@ -263,21 +254,10 @@ if checkpoint is not None:
 raw_model = model
 if compile:
     model = torch.compile(model)
-if fsdp:  # parameters, gradients and optimizer state sharded, one Llama block gathered at a time
-    import torch.distributed.checkpoint.state_dict as dist_state
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    # gradients summed in fp32. The blocks' inputs are not cast: the rotary cos/sin stay fp32, and
-    # activation checkpointing recomputes a block with the dtypes its forward saw
-    mixed = MixedPrecisionPolicy(param_dtype=ptdtype, reduce_dtype=torch.float32,
-                                 cast_forward_inputs=False)
-    for block in raw_model.layers:
-        fully_shard(block, mp_policy=mixed)
-    fully_shard(raw_model, mp_policy=mixed)
-    FULL = dist_state.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0
+if fsdp:  # in place: a compiled wrapper calls the sharded modules
+    parallel.shard(raw_model, ptdtype)
 elif ddp:
-    model = DDP(model,
-                device_ids=[int(os.environ["LOCAL_RANK"])] if device_type == "cuda" else None)
+    model = parallel.replicate(model)
 
 # forward_loss's settings, read once here
 loss_settings = dict(
@@ -300,11 +280,8 @@ def new_optimizer(stage):
 
 
 optimizer = new_optimizer(stage)
-if checkpoint is not None and fsdp:  # the full state, keyed by parameter name: each rank its shard
-    full = dist_state.StateDictOptions(full_state_dict=True)
-    dist_state.set_optimizer_state_dict(raw_model, optimizer, checkpoint["optimizer"], options=full)
-elif checkpoint is not None:
-    optimizer.load_state_dict(checkpoint["optimizer"])
+if checkpoint is not None:
+    parallel.load_optimizer_state(raw_model, optimizer, checkpoint["optimizer"], fsdp)
 checkpoint = None  # free memory
 
 
@@ -352,8 +329,7 @@ def stage_checkpoint(whole=False):
     with a block adapter, the NTP stage's holds the base alone unless whole (a resume's).
     Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the
     weights."""
-    state = (dist_state.get_model_state_dict(raw_model, options=FULL) if fsdp
-             else raw_model.state_dict())
+    state = parallel.model_state(raw_model, fsdp)
     checkpoint = dict(model=state, model_family="llama" if llama else "gpt",
                       model_args=model_args, stage=stage, config=config,
                       tokenizer=task.tokenizer_info, dataset=dataset,
@@ -389,10 +365,8 @@ def save(name, checkpoint):
 def save_resume(estimated=False):
     """Under FSDP every rank must call this; the optimizer state is saved whole, keyed by name.
     estimated: this iteration's log_estimate is in eval.jsonl (a resume does not repeat it)."""
-    optimizer_state = (dist_state.get_optimizer_state_dict(raw_model, optimizer, options=FULL)
-                       if fsdp else optimizer.state_dict())
-    save("resume", dict(stage_checkpoint(whole=True), optimizer=optimizer_state,
-                        estimated=estimated))
+    save("resume", dict(stage_checkpoint(whole=True), estimated=estimated,
+                        optimizer=parallel.optimizer_state(raw_model, optimizer, fsdp)))
 
 
 # training loop
@@ -502,10 +476,4 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
 
             evaluate.main([f"--out_dir={out_dir}", f"--device={device}",
                            f"--max_problems={report_problems}", *report_args.split()])
-if ddp:  # wait for rank 0's checkpoints first: a rank that tears gloo down early can abort others
-    barrier()
-    destroy_process_group()
-    # leave without the interpreter's teardown, where gloo (torch 2.13, CPU) can still hit
-    # std::terminate in a thread it joins; everything is saved by now
-    sys.stdout.flush(), sys.stderr.flush()
-    os._exit(0)
+parallel.finish()  # under torchrun: once rank 0 has written everything

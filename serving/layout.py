@@ -1,7 +1,8 @@
 """
 A model's weights laid out for decoding, the gpt-fast way: once, before the first decode, in place
-(model.py's GPT and Llama read them through the same forward: a Llama's LlamaAttention.project and
-FeedForward use the fused matrices when they are there). The blocks' matrices are fused where they
+(model.py's GPT and Llama read them through the same forward; a Llama's attention and feed-forward
+modules become FusedAttention and FusedFeedForward, which read the fused matrices). The blocks'
+matrices are fused where they
 share an input, contiguous, in the decode dtype, and optionally weight-only quantized for torch's
 own CPU kernels: 'int8' (a scale per row) or 'int4', a GGUF file's own 4-bit blocks (Q4_1's grid,
 as llama.cpp reads them). Those kernels are fast for a few rows, not for SBD's blocks, so a layer
@@ -19,7 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from configurator import ConfigError
-from model import GPT, Llama, LowRank, add_delta
+from model import GPT, FeedForward, Llama, LlamaAttention, LowRank, add_delta
 from serving.batched import cxx_compiler
 
 WEIGHTS = ("trained", "int8", "int4")  # lay_out_for_decoding's weight formats
@@ -61,6 +62,22 @@ class DecodeLinear(nn.Module):
                                                             self.pairs)
         y = y.view(*x.shape[:-1], -1)  # (..., N)
         return add_delta(y if self.bias is None else y + self.bias, x, gate, self.delta)
+
+
+class FusedAttention(LlamaAttention):
+    """LlamaAttention with q, k, v from one product: wqkv is [wq ; wk ; wv]."""
+
+    def project(self, x, gate=None):
+        nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        return self.wqkv(x, gate).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+
+
+class FusedFeedForward(FeedForward):
+    """FeedForward with the gate and up products as one: w13 is [w1 ; w3]."""
+
+    def forward(self, x, gate=None):
+        w1x, w3x = self.w13(x, gate).chunk(2, dim=-1)
+        return self.w2(F.silu(w1x) * w3x, gate)  # SwiGLU, as FeedForward's
 
 
 def fused_delta(deltas, dtype):
@@ -132,6 +149,7 @@ def lay_out_for_decoding(model, dtype, weights="trained", quantized_rows=1, four
         f.w13 = linear([f.w1.weight, f.w3.weight], None, deltas=[f.w1.delta, f.w3.delta])
         f.w2 = linear([f.w2.weight], None, deltas=[f.w2.delta])
         del a.wq, a.wk, a.wv, f.w1, f.w3
+        a.__class__, f.__class__ = FusedAttention, FusedFeedForward  # read wqkv and w13
     model.output = DecodeLinear([model.output.weight], None, dtype)
     model.laid_out = weights
     return model

@@ -1,0 +1,1 @@
+"""train.py's support code: training on several processes (parallel.py)."""
