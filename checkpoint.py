@@ -6,6 +6,13 @@ settings the two imply.
 
     model, checkpoint = load_checkpoint("out-sbd-small/ckpt_sbd.pt")
     settings = settings_for(checkpoint, read_calibration("out-sbd-small/ckpt_sbd.pt", checkpoint))
+
+A checkpoint is one dict: model (state dict), model_family ('gpt' or 'llama'), model_args, stage
+('ntp' or 'sbd'), config (the run's settings), tokenizer (how to rebuild it), dataset and
+data_version (the data it was trained on), mask_id and stop_ids (what decoding needs), iter_num.
+A block adapter's SBD checkpoint adds adapter (rank, layers, mask_id), and with adapter_only holds
+the adapter's tensors alone with base (the base checkpoint's file and fingerprint);
+ckpt_resume.pt adds optimizer.
 """
 
 import hashlib

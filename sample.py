@@ -8,17 +8,14 @@ Sample from a trained model: Set Block Decoding (SBD) and next-token decoding (N
     python sample.py --init_from=Meta-Llama-3.1-8B-Instruct --mode=ntp --start="Hi"  # as downloaded
 
 Loads out_dir/ckpt_sbd.pt (--ckpt=ntp: ckpt_ntp.pt, or any .pt file) and decodes with the
-settings its calibration chose (checkpoint.settings_for; k, γ and the rest can be overridden). A
-prompt is shaped the way the model was trained: right-aligned for the addition task, inside the
-chat template for a chat model; --raw=True feeds it as given. Each sample prints the text and one
-line with the tokens, decode forwards (NFE) and wall clock of SBD against NTP decoding of the same
-prompt, both through the KV cache (the prefill of the prompt is in the wall clock, not in the
-forwards).
+settings its calibration chose (k, γ and the rest can be overridden), the prompt shaped as the
+model was trained (--raw=True: as given). Each sample prints the text, and the tokens, decode
+forwards (NFE) and wall clock of SBD against NTP on the same prompt, both through the KV cache
+(the prefill is in the wall clock, not in the forwards).
 
-The decoders are decode.py's, one function each on one screen, on the model as trained. What
-only serving's decoders do takes serving's path (serving.exact.decoders, the same tokens): compiled
-graphs (--compile), int8/int4 weights (--weights), the step view (--show_steps), adaptive blocks
-and the draft floor (docs/fast_decoding.md).
+The decoders are decode.py's, on the model as trained. What only serving does takes serving's path
+(serving.exact.decoders, the same tokens): --compile, --weights=int8/int4, --show_steps, adaptive
+blocks and the draft floor (docs/fast_decoding.md).
 """
 
 import os

@@ -14,13 +14,7 @@ a fresh optimizer and its own warmup and cosine schedule, as one fine-tunes a pr
 saved as out_dir/ckpt_sbd.pt. With sbd_starts_from='init' stage 2 starts from init_from instead,
 so that the two stages are the paper's Table 1 pair: an NTP and an SBD fine-tune of the same model
 on the same data for the same steps. out_dir/ckpt_resume.pt holds what is needed to continue.
-
-A checkpoint is one dict: model (state dict), model_family ('gpt' or 'llama'), model_args, stage
-('ntp' or 'sbd'), config (this run's settings), tokenizer (how to rebuild it), dataset and
-data_version (the data it was trained on), mask_id and stop_ids (what decoding needs), iter_num;
-a block adapter's SBD checkpoint adds adapter (rank, layers, mask_id), and with adapter_only holds
-the adapter's tensors alone with base (the base checkpoint's file and fingerprint);
-ckpt_resume.pt adds optimizer. checkpoint.settings_for turns one into decoding settings.
+What a checkpoint holds: checkpoint.py.
 
 The defaults are the demo's recipe, as config/sbd_small.py states it; docs/findings.md says why.
 """
@@ -325,7 +319,7 @@ def log_estimate():
 
 
 def stage_checkpoint(whole=False):
-    """A self-contained checkpoint (the layout in the docstring above), without the optimizer;
+    """A self-contained checkpoint (its layout: checkpoint.py), without the optimizer;
     with a block adapter, the NTP stage's holds the base alone unless whole (a resume's).
     Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the
     weights."""
