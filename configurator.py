@@ -185,3 +185,50 @@ def check_training_settings(c):
             "token_shift reads a block's first token from the causal head and the rest from the "
             f"block: use k_min >= 2 (got {c['k_min']}) and keep the NTP term (got "
             f"ntp_weight={c['ntp_weight']})")
+
+
+def check_decode_settings(s, rules):
+    """A sampling.DecodeSettings checked whole (rules: the reveal rules' names): a ConfigError that
+    says what is allowed."""
+    require(s.k >= 1, f"block size k must be at least 1, got {s.k}")
+    require(s.gamma >= 0, f"gamma must be >= 0 (0 reveals one token per forward), got {s.gamma}")
+    require(s.rule in rules, f"unknown reveal rule {s.rule!r}; choose one of {rules}")
+    require(s.mask_id not in s.stop_ids, f"mask id {s.mask_id} cannot also be a stop token")
+    require(s.temperature >= 0, f"temperature must be >= 0 (0: greedy), got {s.temperature}")
+    require(s.top_k is None or s.top_k >= 1,
+            f"top_k must be at least 1 (None: all tokens), got {s.top_k}")
+    require(s.top_p is None or 0 < s.top_p <= 1, f"top_p must be in (0, 1], got {s.top_p}")
+    require(0 <= s.min_draft_prob <= 1,
+            f"min_draft_prob is a probability in [0, 1], got {s.min_draft_prob}")
+    require(s.exact or not s.min_draft_prob,
+            "min_draft_prob cuts the drafts exact SBD checks: it needs exact=True")
+    require(s.first_from_ntp or not s.token_shift,
+            "token_shift reads a block's first position from the causal logits, so it needs "
+            "first_from_ntp (a model trained with the NTP term)")
+    require(not (s.exact and s.temperature > 0 and s.rule != "left"),
+            "exact sampling (temperature > 0) needs drafts revealed left to right: rule='left' "
+            "(docs/method.md, Exact sampling)")
+
+
+def check_sample_settings(c, weights):
+    """sample.py's settings (the dict configure returned; weights: serving's weight formats),
+    checked before anything loads: a ConfigError that says what is allowed."""
+    require(c["mode"] in ("sbd", "ntp", "both"),
+            f"mode must be 'sbd', 'ntp' or 'both', got {c['mode']!r}")
+    require(c["gamma"] >= 0 or c["gamma"] == -1,
+            f"gamma must be >= 0, or -1 for the calibrated one; got {c['gamma']}")
+    require(c["k"] >= 0, f"k must be >= 1, or 0 for the calibrated one; got {c['k']}")
+    require(c["min_draft_prob"] == -1 or 0 <= c["min_draft_prob"] <= 1 and c["exact"],
+            "min_draft_prob: a probability with --exact=True, or -1 for the calibrated one; got "
+            f"{c['min_draft_prob']}")
+    require(c["temperature"] >= 0, f"temperature must be >= 0 (0: greedy), got {c['temperature']}")
+    require(c["top_k"] >= 0, f"top_k must be >= 1, or 0 for all tokens; got {c['top_k']}")
+    require(0 < c["top_p"] <= 1, f"top_p must be in (0, 1], got {c['top_p']}")
+    require(c["compile"] in (True, False, None),
+            f"compile must be True or False, got {c['compile']!r}")
+    require(c["weights"] in (*weights, "auto"),
+            f"weights must be one of {weights} or 'auto': {c['weights']!r}")
+    require(c["quantized_rows"] >= 1, f"quantized_rows must be >= 1, got {c['quantized_rows']}")
+    require(c["max_new_tokens"] >= 1 and c["num_samples"] >= 1,
+            "max_new_tokens and num_samples must be >= 1, got "
+            f"{c['max_new_tokens']} and {c['num_samples']}")

@@ -25,7 +25,7 @@ import time
 import torch
 
 from checkpoint import load_checkpoint, read_calibration, settings_for
-from configurator import ConfigError, configure, pick_device, require, resolve_dtype
+from configurator import ConfigError, check_sample_settings, configure, pick_device, resolve_dtype
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings
 from serving.batched import format_steps, warm_up
@@ -58,23 +58,9 @@ dtype = "float32"  # 'bfloat16' or 'auto' (bf16 where native): faster, and bf16 
 compile = None  # True: torch.compile's graphs, one per width; None: auto, for 10M+ parameters
 weights = "auto"  # 'trained', 'int8', 'int4' (a GGUF file's 4-bit blocks); 'auto': int4 if any
 quantized_rows = 1  # int8/int4 kernels for forwards of up to this many rows (wider: dense)
-configure(globals(), sys.argv[1:])
+check_sample_settings(configure(globals(), sys.argv[1:]), WEIGHTS)  # one line per bad setting
 # -----------------------------------------------------------------------------
 
-require(mode in ("sbd", "ntp", "both"), f"mode must be 'sbd', 'ntp' or 'both', got {mode!r}")
-require(gamma >= 0 or gamma == -1, f"gamma must be >= 0, or -1 for the calibrated one; got {gamma}")
-require(k >= 0, f"k must be >= 1, or 0 for the calibrated one; got {k}")
-require(min_draft_prob == -1 or 0 <= min_draft_prob <= 1 and exact,
-        f"min_draft_prob: a probability with --exact=True, or -1 for the calibrated one; "
-        f"got {min_draft_prob}")
-require(temperature >= 0, f"temperature must be >= 0 (0: greedy), got {temperature}")
-require(top_k >= 0, f"top_k must be >= 1, or 0 for all tokens; got {top_k}")
-require(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
-require(compile in (True, False, None), f"compile must be True or False, got {compile!r}")
-require(weights in (*WEIGHTS, "auto"), f"weights must be one of {WEIGHTS} or 'auto': {weights!r}")
-require(quantized_rows >= 1, f"quantized_rows must be >= 1, got {quantized_rows}")
-require(max_new_tokens >= 1 and num_samples >= 1,
-        f"max_new_tokens and num_samples must be >= 1, got {max_new_tokens} and {num_samples}")
 device = pick_device(device)
 torch.manual_seed(seed)
 task = None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from configurator import ConfigError
+from configurator import check_decode_settings
 
 ONE_FORWARD = 1e9  # a γ that reveals every masked slot at once, whatever the rule
 
@@ -39,35 +39,8 @@ class DecodeSettings:
     compiled: bool = False  # every forward through torch.compile's graphs (serving/batched.py)
 
     def __post_init__(self):
-        if self.k < 1:
-            raise ConfigError(f"block size k must be at least 1, got {self.k}")
-        if self.gamma < 0:
-            raise ConfigError("gamma must be >= 0 (0 reveals one token per forward), "
-                              f"got {self.gamma}")
-        if self.rule not in REVEAL_RULES:
-            raise ConfigError(f"unknown reveal rule {self.rule!r}; "
-                              f"choose one of {sorted(REVEAL_RULES)}")
-        if self.mask_id in self.stop_ids:
-            raise ConfigError(f"mask id {self.mask_id} cannot also be a stop token")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"top_k must be at least 1 (None: all tokens), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_draft_prob <= 1:
-            raise ConfigError(f"min_draft_prob is a probability in [0, 1], got "
-                              f"{self.min_draft_prob}")
-        if self.min_draft_prob and not self.exact:
-            raise ConfigError("min_draft_prob cuts the drafts exact SBD checks: it needs "
-                              "exact=True")
-        if self.token_shift and not self.first_from_ntp:
-            raise ConfigError("token_shift reads a block's first position from the causal logits, "
-                              "so it needs first_from_ntp (a model trained with the NTP term)")
-        if self.exact and self.temperature > 0 and self.rule != "left":
-            raise ConfigError("exact sampling (temperature > 0) needs drafts revealed left to "
-                              "right: rule='left' (docs/method.md, Exact sampling)")
         self.stop_ids = tuple(self.stop_ids)
+        check_decode_settings(self, sorted(REVEAL_RULES))  # each out-of-range value: one line
 
     def replace(self, **changes):
         """A copy with some fields changed (and checked again)."""
