@@ -1,17 +1,15 @@
 """
 Decoding one prompt, the reference: next-token decoding (NTP), Set Block Decoding (the paper's
 Algorithms 2-3) and exact SBD, each one function on one screen (docs/method.md, Inference and Exact
-mode). Batch 1 and eager: no padding, no compiled graphs, no adaptive blocks, no draft floor.
-The rules every decoder shares are written here once: the block's first token, when a row stops
-and the acceptance rule (the hybrid mask is sbd.hybrid_mask). serving/ decodes batches, compiled,
-by calling them, and gives the same tokens (tests/test_reference_decoding.py); its padded forward
-is hybrid_forward where nothing is padded (tests/test_fast_decode.py).
+mode). Batch 1 and eager. The rules every decoder shares are written here once: the block's first
+token, when a row stops and the acceptance rule (the hybrid mask is sbd.hybrid_mask). serving/
+decodes batches, compiled, by calling them, and gives the same tokens
+(tests/test_reference_decoding.py).
 
 Every decoder writes the prompt but its last token into a fresh KV cache with one causal forward
-(the prefill, not counted), and keeps the last prompt token "pending": the first decode forward
-feeds it, as every later forward feeds the newest tokens. Each returns (tokens, stats), as
-serving's decoders do for a batch: [the new ids up to and including the first stop token], and a
-DecodeStats of forwards and tokens. They do not time themselves: the caller does (sample.py).
+(the prefill, not counted) and keeps the last prompt token "pending": the first decode forward
+feeds it, as every later forward feeds the newest tokens. Each returns ([the new ids up to and
+including the first stop token], DecodeStats), as serving does for a batch.
 
     settings = DecodeSettings(mask_id=31, stop_ids=(30,), k=16, gamma=0.01)  # sampling.py
     tokens, stats = sbd(model, prompt, settings, max_new_tokens=64)  # prompt (1, T0)

@@ -21,7 +21,7 @@ ONE_FORWARD = 1e9  # a γ that reveals every masked slot at once, whatever the r
 @dataclass
 class DecodeSettings:
     """How a model decodes, in one record (NTP uses the stop and mask tokens and the sampling).
-    settings_for (below) builds it from a checkpoint and its calibration."""
+    checkpoint.settings_for builds it from a checkpoint and its calibration."""
 
     mask_id: int  # the mask token: an input only, never emitted
     stop_ids: tuple = ()  # a row ends at its first stop token, which it keeps
