@@ -24,6 +24,7 @@ import torch
 from configurator import ConfigError
 from model import GPT, GPTConfig, Llama, LlamaConfig, attach_adapter, rope_frequencies
 from sampling import ONE_FORWARD, DecodeSettings
+from sbd import split_adapter
 from tasks.files import check_same_data
 
 # -----------------------------------------------------------------------------
@@ -35,6 +36,30 @@ def save_checkpoint(checkpoint, path):
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)  # atomic on POSIX and Windows
+
+
+def training_checkpoint(state, family, model_args, stage, config, task, iter_num, adapter=None,
+                        whole=False):
+    """train.py's checkpoint of a stage (the layout above), without the optimizer. adapter:
+    {rank, layers, mask_id} of a block adapter, which trains in the SBD stage alone, so the NTP
+    stage's checkpoint holds the base alone unless whole (a resume's)."""
+    checkpoint = dict(model=state, model_family=family, model_args=model_args, stage=stage,
+                      config=config, tokenizer=task.tokenizer_info, dataset=config["dataset"],
+                      data_version=task.data_version, mask_id=task.mask_id,
+                      stop_ids=list(task.stop_ids), iter_num=iter_num)
+    if adapter and stage == "ntp" and not whole:
+        checkpoint["model"] = split_adapter(state)[0]
+    elif adapter:
+        checkpoint["adapter"] = adapter
+    return checkpoint
+
+
+def adapter_alone(checkpoint, base_path):
+    """A block adapter's SBD checkpoint with the adapter's tensors alone, and its base's file name
+    and fingerprint: load_checkpoint refuses it on other base weights."""
+    base = torch.load(base_path, map_location="cpu", mmap=True, weights_only=False)["model"]
+    return dict(checkpoint, model=split_adapter(checkpoint["model"])[1],
+                base=dict(file=os.path.basename(base_path), fingerprint=fingerprint(base)))
 
 
 def check_resumable(checkpoint, path, model_args, adapter_rank, adapter_layers, task):

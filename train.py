@@ -31,7 +31,7 @@ from contextlib import nullcontext
 import torch
 
 import sbd
-from checkpoint import check_resumable, fingerprint, save_checkpoint
+from checkpoint import adapter_alone, check_resumable, save_checkpoint, training_checkpoint
 from configurator import ConfigError, check_training_settings, configure, pick_device, resolve_dtype
 from model import (
     GPT,
@@ -45,7 +45,7 @@ from model import (
 from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
 from tasks import CharTask, JsonlTask, step_generator
-from training import parallel
+from training import budget, parallel
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo
@@ -229,15 +229,8 @@ if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
         initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {device}")
 if adapter_rank:
-    n_adapter = sum(p.numel() for name, p in model.named_parameters() if sbd.is_adapter(name))
-    n_base = sum(p.numel() for p in model.parameters()) - n_adapter
-    base_bytes = n_base * (4 if fsdp else next(model.parameters()).element_size())
-    # the SBD stage: the frozen base in its dtype (fp32 shards under FSDP), and for the adapter
-    # fp32 weights, gradients and AdamW's two moments; activations come on top
     print(f"block adapter: rank {adapter_rank} on {adapter_layers} layers, "
-          f"{n_adapter / 1e6:.2f}M parameters, trained in the SBD stage alone; memory before "
-          f"activations: base {base_bytes / 1e9 / world_size:.1f} GB + adapter "
-          f"{16 * n_adapter / 1e9:.2f} GB per process")
+          + budget.adapter_memory(model, fsdp, world_size))
 
 iter_num, stage, estimated_at = 0, "ntp" if ntp_iters > 0 else "sbd", 0
 if checkpoint is not None:
@@ -319,35 +312,12 @@ def log_estimate():
 
 
 def stage_checkpoint(whole=False):
-    """A self-contained checkpoint (its layout: checkpoint.py), without the optimizer;
-    with a block adapter, the NTP stage's holds the base alone unless whole (a resume's).
-    Under FSDP every rank must call this (it gathers the shards); only rank 0's holds the
-    weights."""
-    state = parallel.model_state(raw_model, fsdp)
-    checkpoint = dict(model=state, model_family="llama" if llama else "gpt",
-                      model_args=model_args, stage=stage, config=config,
-                      tokenizer=task.tokenizer_info, dataset=dataset,
-                      data_version=task.data_version, mask_id=task.mask_id,
-                      stop_ids=list(task.stop_ids), iter_num=iter_num)
-    if adapter_rank:  # the adapter trains in stage 2 only: the NTP model is the base alone
-        base, _ = sbd.split_adapter(state)
-        checkpoint["model"] = base if stage == "ntp" and not whole else state
-        if stage == "sbd" or whole:
-            checkpoint["adapter"] = dict(rank=adapter_rank, layers=adapter_layers,
-                                         mask_id=task.mask_id)
-    return checkpoint
-
-
-def sbd_checkpoint():
-    """ckpt_sbd.pt: the whole model, or with adapter_only the adapter and its base's name and
-    fingerprint (load_checkpoint refuses it on other base weights)."""
-    checkpoint = stage_checkpoint()
-    if adapter_only and master:  # the base as written, the tensors load_checkpoint will hash
-        base = torch.load(os.path.join(out_dir, "ckpt_ntp.pt"), map_location="cpu", mmap=True,
-                          weights_only=False)["model"]
-        checkpoint.update(model=sbd.split_adapter(checkpoint["model"])[1],
-                          base=dict(file="ckpt_ntp.pt", fingerprint=fingerprint(base)))
-    return checkpoint
+    """The stage's checkpoint (checkpoint.training_checkpoint). Under FSDP every rank must call
+    this (it gathers the shards); only rank 0's holds the weights."""
+    adapter = dict(rank=adapter_rank, layers=adapter_layers, mask_id=task.mask_id)
+    return training_checkpoint(parallel.model_state(raw_model, fsdp), "llama" if llama else "gpt",
+                               model_args, stage, config, task, iter_num,
+                               adapter if adapter_rank else None, whole)
 
 
 def save(name, checkpoint):
@@ -368,23 +338,11 @@ total_iters = ntp_iters + sbd_iters
 log_path = os.path.join(out_dir, "log.jsonl")
 t0 = started = time.time()
 step_seconds = {}  # each stage's measured seconds per step (the estimate of the time left)
+sbd_work = budget.sbd_step_work(adapter_rank, 1 + complementary_masks, sbd_batch_size, batch_size)
 
 
 def time_left():
-    """Seconds of training left at this pace: each stage's remaining steps at its measured step
-    time; the SBD stage, before it has one, at the NTP step's scaled by its work per row: a full
-    step's forward and backward over the clean half and the noisy copies (1 + copies rows of work);
-    an adapter's over the copies, without the frozen weights' gradients (about 2/3 of the work),
-    and the clean half's forward alone (1/3)."""
-    ntp_step, copies = step_seconds.get("ntp", 0.0), 1 + complementary_masks
-    per_row = (1 + 2 * copies) / 3 if adapter_rank else 1 + copies  # an NTP row's work is 1
-    sbd_step = step_seconds.get("sbd", ntp_step * per_row * sbd_batch_size / batch_size)
-    return (max(ntp_iters - iter_num, 0) * ntp_step
-            + min(total_iters - iter_num, sbd_iters) * sbd_step)
-
-
-def clock(seconds):
-    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+    return budget.seconds_left(iter_num, ntp_iters, sbd_iters, step_seconds, sbd_work)
 
 
 while iter_num < total_iters:
@@ -435,7 +393,7 @@ while iter_num < total_iters:
         first_pace = iter_num > 0 and not step_seconds
         if iter_num > 0:  # iteration 0's time is mostly warm-up
             step_seconds[stage] = dt
-        progress = (f", {clock(t0 - started)} elapsed, ~{clock(time_left())} left"
+        progress = (f", {budget.clock(t0 - started)} elapsed, ~{budget.clock(time_left())} left"
                     if step_seconds else "")
         copies = 1 if stage == "ntp" else 2 + complementary_masks  # clean half + noisy copies
         tokens = rows * gradient_accumulation_steps * world_size * L * copies
@@ -447,8 +405,9 @@ while iter_num < total_iters:
               f"{masked_text}), lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s"
               f"{memory}{progress}")
         if first_pace:
-            print(f"at this pace training takes about {clock(t0 - started + time_left())} on "
-                  f"this machine{', then the report' if report else ''}")
+            total = budget.clock(t0 - started + time_left())
+            print(f"at this pace training takes about {total} on this machine"
+                  f"{', then the report' if report else ''}")
         with open(log_path, "a") as f:
             f.write(json.dumps(dict(iter=iter_num, stage=stage, loss=loss.item(), k=k, rows=rows))
                     + "\n")
@@ -462,7 +421,10 @@ if master or fsdp:  # under FSDP every rank helps gather the checkpoints, rank 0
     else:
         if iter_num % eval_interval == 0:  # the last step's estimate, as every eval_interval's
             log_estimate()
-        save(stage, sbd_checkpoint() if stage == "sbd" else stage_checkpoint())
+        checkpoint = stage_checkpoint()
+        if stage == "sbd" and adapter_only and master:  # its base: the tensors ckpt_ntp.pt holds
+            checkpoint = adapter_alone(checkpoint, os.path.join(out_dir, "ckpt_ntp.pt"))
+        save(stage, checkpoint)
         if master:
             print(f"saved the {stage.upper()} model to {out_dir}/ckpt_{stage}.pt")
         if stage == "sbd" and report and master:  # Table 1 (evaluate.py)

@@ -12,12 +12,14 @@ Per snapshot, on the first `problems` rows held out of the benchmark (seed 0):
 - next-token decoding through the masked-token head: plain SBD with rule 'left' and γ = 0 reveals
   one slot per forward, left to right, each from the masked-token logits (slot 0 of a block from
   the causal head, as always);
-- exact SBD's tokens per forward (every block drafted in one forward);
+- exact SBD's tokens per forward (every block drafted in one forward, its drafts checked from
+  the first one the head gives less than `draft_floor`; 0 checks every draft);
 - plain SBD's accuracy and tokens per forward at each γ of `gammas` (rule 'entropy').
 `rows` picks which of them (ntp, left, exact, plain) each point decodes: a block adapter's NTP
 decoding is its base's at every snapshot, so `--rows=("exact",)` reads its curve in a fraction of
 the time. A snapshot already in curve.json is not decoded again, so an interrupted evaluation
-continues.
+continues. A curve at another draft floor goes to its own file (curve_floor0.5.json and .png), so
+no floor's points overwrite another's.
 """
 
 import glob
@@ -42,6 +44,7 @@ OPTIONS = dict(
     benchmark="data/wordproblems/val.jsonl",  # rows {"prompt", "answer"}: val, never test
     problems=64,  # val problems decoded per snapshot
     k=16,  # block size of every SBD mode
+    draft_floor=0.0,  # exact SBD's min_draft_prob
     gammas=(0.01, 0.1),  # plain SBD's γ values
     rows=ROWS,  # what each point decodes
     answer_marker="####",
@@ -93,7 +96,7 @@ def evaluate_snapshot(model, checkpoint, task, o):
     if "left" in rows:
         point["left_accuracy"] = run(base.replace(rule="left"))["accuracy"]
     if "exact" in rows:
-        exact = run(base.replace(gamma=ONE_FORWARD, exact=True))
+        exact = run(base.replace(gamma=ONE_FORWARD, exact=True, min_draft_prob=o["draft_floor"]))
         point.update(exact_tokens_per_forward=tokens_per_forward(exact),
                      exact_accuracy=exact["accuracy"])
     for g in o["gammas"] if "plain" in rows else ():
@@ -148,12 +151,15 @@ def main(argv):
     configure(o, argv)
     require(o["problems"] >= 1 and o["batch_size"] >= 1 and o["k"] >= 1,
             "problems, batch_size and k must be >= 1")
+    require(0 <= o["draft_floor"] <= 1,
+            f"draft_floor: a probability in [0, 1], e.g. 0.5; got {o['draft_floor']}")
     require(o["rows"] and set(o["rows"]) <= set(ROWS),
             f"rows: some of {ROWS}, e.g. --rows=('exact',); got {o['rows']}")
     device = pick_device(o["device"])
     found = snapshots(o["out_dir"])
     require(found, f"no ckpt_sbd_step*.pt in {o['out_dir']}: train with --snapshot_interval=n")
-    out_path = os.path.join(o["out_dir"], "curve.json")
+    name = "curve" if o["draft_floor"] == 0 else f"curve_floor{o['draft_floor']:g}"
+    out_path = os.path.join(o["out_dir"], name + ".json")
     curve = json.load(open(out_path)) if os.path.exists(out_path) else []
     done = {p["step"] for p in curve}
     for step, path in found:
@@ -170,7 +176,7 @@ def main(argv):
         print(json.dumps(point), flush=True)
         curve = sorted(curve + [point], key=lambda p: p["step"])
         write_json(out_path, curve)
-    picture = plot(curve, os.path.join(o["out_dir"], "curve.png"))
+    picture = plot(curve, os.path.join(o["out_dir"], name + ".png"))
     print(f"wrote {out_path}" + (f" and {picture}" if picture else ""))
 
 

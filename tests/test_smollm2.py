@@ -132,3 +132,10 @@ def test_a_learning_curve_from_snapshots(tiny_gguf, tmp_path):
         assert set(p) == {"step", "masked_loss", "plain", "exact_tokens_per_forward",
                           "exact_accuracy"} and p["plain"] == {}
         assert p["exact_tokens_per_forward"] == full["exact_tokens_per_forward"]
+    # a draft floor's curve goes to its own file and leaves curve.json as it was
+    done = subprocess.run([*args, "--rows=('exact',)", "--draft_floor=0.5"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads((out / "curve.json").read_text()) == exact_only
+    floored = json.loads((out / "curve_floor0.5.json").read_text())
+    assert [p["step"] for p in floored] == [0, 2, 4]
