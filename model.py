@@ -12,14 +12,12 @@ With no optional arguments, forward() is the ordinary causal training path (is_c
 Parameter names mirror the checkpoints people load: GPT-2 names for GPT, Meta's names for Llama.
 """
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 from configurator import ConfigError
@@ -49,16 +47,6 @@ def dense_mask(mask_fn, n_queries, n_keys, query_offset=0, device=None):
     k = torch.arange(n_keys, device=device)
     return mask_fn(q[:, None], k[None, :])  # (n_queries, n_keys)
 
-
-def block_mask(mask_fn, batch_size, n_queries, n_keys, device=None):
-    """The same mask as a flex_attention BlockMask, for long training sequences on a GPU.
-
-    mask_fn(b, q, k) also sees the batch row (e.g. a per-row block phase). A dense (B, T, S) bool
-    mask keeps SDPA off its flash kernel (it must be materialised, often as a float bias);
-    flex_attention evaluates the same function per tile and skips fully masked ones (about half).
-    """
-    return create_block_mask(lambda b, h, q, k: mask_fn(b, q, k), B=batch_size, H=None,
-                             Q_LEN=n_queries, KV_LEN=n_keys, device=device)
 
 
 # -----------------------------------------------------------------------------
@@ -126,21 +114,14 @@ class KVCache:
         self.lengths[row] -= n
 
 
-@functools.cache
-def compiled_flex_attention():
-    """flex_attention runs eagerly on a CPU (forward only, slowly: tests); a GPU needs it compiled.
-    Made on first use, because merely wrapping it in torch.compile costs seconds at import."""
-    return torch.compile(flex_attention, dynamic=False)
-
-
 def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
     """Scaled dot-product attention of q (B, n_head, T, hd) over [cache ; k, v (B, n_kv_head, T,
     hd)], a K/V head per n_head // n_kv_head query heads (GQA). mask: None (causal), (T, S) or
-    (B, T, S) bool (True = may attend) or its bias, or its BlockMask (training: no cache, no
-    dropout). With a cache S = max_len: the whole static cache is read, the mask hiding the rest."""
-    if isinstance(mask, BlockMask):
-        flex = compiled_flex_attention() if q.is_cuda else flex_attention
-        return flex(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))  # (B, nh, T, hd)
+    (B, T, S) bool (True = may attend) or its bias, or attention with its mask built in (training
+    on a GPU: training/flex.py; no cache, no dropout). With a cache S = max_len: the whole static
+    cache is read, the mask hiding the rest."""
+    if callable(mask):
+        return mask(q, k, v)  # (B, nh, T, hd)
     if cache is not None:
         k, v = cache.extend(layer, k, v, n_commit)  # (B, n_kv_head, max_len, hd)
     if mask is not None and mask.dim() == 3:
@@ -152,7 +133,7 @@ def attention(q, k, v, layer, mask, cache, n_commit, dropout_p):
 
 def attention_bias(mask, dtype):
     """A bool mask (True = may attend) -> SDPA's additive bias (0 or -inf), made once per forward
-    where SDPA would make it in every layer. None, a bias or a BlockMask pass through."""
+    where SDPA would make it in every layer. None, a bias or an attention function pass through."""
     if not torch.is_tensor(mask) or mask.dtype != torch.bool:
         return mask
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)

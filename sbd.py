@@ -23,7 +23,7 @@ Mask functions take (q, kv): the query slot and the key slot, broadcast over ind
 import torch
 from torch.nn import functional as F
 
-from model import IGNORE_INDEX, block_mask, causal_mask, cross_entropy, in_block
+from model import IGNORE_INDEX, causal_mask, cross_entropy, in_block
 
 # -----------------------------------------------------------------------------
 # the training sequence: [clean 0..L-1 ; noisy copy 1 of s..L-1 ; noisy copy 2 ...]
@@ -105,21 +105,6 @@ def training_mask(L, k, phases, device=None, noisy_start=0, copies=1):
     return sbd_training_mask(q[None], kv[None], L, k, phases, noisy_start)  # (B, T, T)
 
 
-def training_block_mask(L, k, phases, noisy_start=0, copies=1):
-    """training_mask as a flex_attention BlockMask: the same pure function, tile by tile (GPU).
-
-    k goes in as a tensor: compiled flex_attention specialises on Python ints in the mask function
-    and would recompile for every block size drawn, while a tensor's value is free to change.
-    """
-    T = L + copies * (L - noisy_start)
-    k = torch.tensor(k, device=phases.device)
-
-    def mask_fn(b, q, kv):
-        return sbd_training_mask(q, kv, L, k, phases[b], noisy_start)
-
-    return block_mask(mask_fn, len(phases), T, T, phases.device)
-
-
 # -----------------------------------------------------------------------------
 # noising, labels, loss (Eq. 14)
 
@@ -168,7 +153,7 @@ def noisy_labels(x, is_masked, k, phases, token_shift=False):
     return torch.where(is_masked, x, IGNORE_INDEX)
 
 
-def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=False,
+def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, make_mask=None,
                noisy_start=None, token_shift=False, complementary=False):
     """The SBD training forward of clean x (B, L) with NTP targets y (B, L): noise m by add_noise
     on maskable, laid out by sbd_layout -> idx (B, T), pos (T,), mask (B, T, T), labels (B, T).
@@ -181,24 +166,22 @@ def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, flex=Fal
         masks.append(~is_masked if maskable is None else maskable & ~is_masked)
     if noisy_start is None:
         noisy_start = first_noisy_position(maskable, k, phases)
-    return sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift, flex)
+    return sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift, make_mask)
 
 
-def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, flex=False):
+def sbd_layout(x, y, mask_id, masks, k, phases, noisy_start, token_shift=False, make_mask=None):
     """[clean x (B, L) ; a noisy copy of positions s..L-1 (s = noisy_start) per (B, L) bool mask in
     masks, masked tokens replaced by mask_id]: T = L + C (L - s) slots for C copies, laid out by
-    slot_layout -> idx (B, T), pos (T,), mask (B, T, T) (training_mask; its BlockMask if flex),
-    labels (B, T) (y, the next token, at clean slots; noisy_labels at noisy ones)."""
+    slot_layout -> idx (B, T), pos (T,), mask (B, T, T) (training_mask, or make_mask's with its
+    arguments: training/flex.py's on a GPU), labels (B, T) (y, the next token, at clean slots;
+    noisy_labels at noisy ones)."""
     L, copies = x.size(1), len(masks)
     noisy = [torch.where(masked, mask_id, x)[:, noisy_start:] for masked in masks]
     idx = torch.cat([x, *noisy], dim=1)  # (B, T)
     pos = sequence_positions(L, noisy_start, copies, x.device)  # (T,)
     labels = torch.cat([y] + [noisy_labels(x, masked, k, phases, token_shift)[:, noisy_start:]
                               for masked in masks], dim=1)  # (B, T)
-    if flex:
-        mask = training_block_mask(L, k, phases, noisy_start, copies)
-    else:
-        mask = training_mask(L, k, phases, x.device, noisy_start, copies)
+    mask = (make_mask or training_mask)(L, k, phases, x.device, noisy_start, copies)
     return idx, pos, mask, labels
 
 

@@ -46,6 +46,7 @@ from pretrained.load_llama import init_mask_embedding
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
 from tasks import CharTask, JsonlTask, step_generator
 from training import budget, parallel
+from training.flex import flex_training_mask
 
 # -----------------------------------------------------------------------------
 # default config: the small addition-trace demo
@@ -179,7 +180,8 @@ def get_batch(split, generator, rows):
 
 
 def forward_loss(model, stage, x, y, answer, k, generator, complementary, *, mask_id, ntp_weight,
-                 loss_on_answer_only, block_phase, token_shift, flex, head_at_labels, new_cache):
+                 loss_on_answer_only, block_phase, token_shift, make_mask, head_at_labels,
+                 new_cache):
     """-> (loss to optimise, NTP loss, masked-token loss or None); keywords: loss_settings."""
     if stage == "ntp":
         at = y != IGNORE_INDEX if head_at_labels else None  # (B, L) or all slots
@@ -189,7 +191,7 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary, *, mas
     maskable = answer if loss_on_answer_only else None
     phases = sbd.block_phases(answer, k, block_phase, generator).to(x.device)
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, mask_id, k, phases, maskable, generator,
-                                            flex=flex, token_shift=token_shift,
+                                            make_mask=make_mask, token_shift=token_shift,
                                             complementary=complementary)  # mask (B, T, T)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
     if new_cache is not None:  # a block adapter: the clean half through the frozen base's cache
@@ -249,7 +251,8 @@ elif ddp:
 # forward_loss's settings, read once here
 loss_settings = dict(
     mask_id=task.mask_id, loss_on_answer_only=loss_on_answer_only, block_phase=block_phase,
-    token_shift=token_shift, flex=attention == "flex", head_at_labels=head_at_labels,
+    token_shift=token_shift, head_at_labels=head_at_labels,
+    make_mask=flex_training_mask if attention == "flex" else sbd.training_mask,
     # with an adapter the clean half is the frozen NTP model: its term would teach nothing
     ntp_weight=0.0 if adapter_rank else ntp_weight,
     # an adapter's clean half goes once through a KV cache (sdpa), its keys in autocast's dtype

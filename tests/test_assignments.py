@@ -582,7 +582,7 @@ def test_the_writeup_checks_can_fail(collected, measured):
     text = writeup(a)
     assert writeup_problems(a, text) == count_problems(a, text, collected) == []
     changes = {  # what a stale write-up once said
-        "token_shift left out": ("token_shift=False, flex=False):", "flex=False):"),
+        "token_shift left out": ("token_shift=False, make_mask=None):", "make_mask=None):"),
         "the noisy half as 2L": ("idx (B, T) long", "idx (B, 2 * L) long"),
         "a dtype": ("is_masked (B, L) bool", "is_masked (B, L) long"),
         "an input that is no parameter": ("maskable (B, L) bool ->", "noise (B, L) bool ->"),

@@ -34,6 +34,7 @@ from sbd import is_adapter
 from serving import batched
 from tasks import JsonlTask
 from test_llama_io import tiny_config_json, to_hf
+from training.flex import flex_training_mask
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_BASE = 256  # byte ranks only: <|begin_of_text|> = 256, mask (reserved_0) = 258, <|eot_id|> = 265
@@ -157,14 +158,14 @@ def test_flex_attention_matches_dense_sdpa():
     x, y, answer, k, phases, g = sbd_batch()
     idx, pos, dense, _ = sbd.sbd_inputs(x, y, MASK, k, phases, answer,
                                         torch.Generator().manual_seed(1))
-    _, _, blocks, _ = sbd.sbd_inputs(x, y, MASK, k, phases, answer,
-                                     torch.Generator().manual_seed(1), flex=True)
+    _, _, flex, _ = sbd.sbd_inputs(x, y, MASK, k, phases, answer,
+                                   torch.Generator().manual_seed(1), make_mask=flex_training_mask)
     T = idx.size(1)  # 2L = 40 less the noisy prompt copies nothing reads (sbd.first_noisy_position)
-    assert isinstance(blocks, BlockMask) and dense.shape == (2, T, T) and T < 40
+    assert isinstance(flex.block_mask, BlockMask) and dense.shape == (2, T, T) and T < 40
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()": CPU
         want, _ = model(idx, pos=pos, mask=dense)
-        got, _ = model(idx, pos=pos, mask=blocks)
+        got, _ = model(idx, pos=pos, mask=flex)
     assert (got - want).abs().max() < 1e-4
 
 
@@ -182,7 +183,9 @@ def test_compiled_flex_attention_matches_dense_sdpa_on_cuda():
         results = []
         for flex in (False, True):
             noise = torch.Generator("cuda").manual_seed(1)
-            idx, pos, mask, labels = sbd.sbd_inputs(x, y, MASK, k, phases, answer, noise, flex=flex)
+            make_mask = flex_training_mask if flex else sbd.training_mask
+            idx, pos, mask, labels = sbd.sbd_inputs(x, y, MASK, k, phases, answer, noise,
+                                                    make_mask=make_mask)
             model.zero_grad()
             with torch._dynamo.config.patch(error_on_recompile=i > 0):
                 logits, _ = model(idx, pos=pos, mask=mask)
