@@ -257,15 +257,9 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2; False is a bit better and faster
 
 
-GPT_PRESETS = {
-    "gpt-tiny": dict(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=64),  # for tests
-}
-
-
 def dropout_layer(p):
     """nn.Dropout(p), or nn.Identity at p = 0: a Dropout that drops nothing still costs ~4 us a call
-    on a CPU (Identity ~0.6 us), and the GPT calls 2 per layer + 1 per forward: ~8% of the demo
-    model's 1-token decode forward. No state either way, so checkpoints load the same."""
+    on a CPU, ~8% of the demo model's decode forward. Neither has state: checkpoints load alike."""
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
@@ -451,18 +445,6 @@ class LlamaConfig:
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
-
-
-LLAMA_PRESETS = {
-    "llama3.1-8b": dict(),  # the defaults above are Llama-3.1-8B's params.json
-    # Llama 3.2: FFN 8192 in both; 1,235,814,400 (1B) and 3,212,749,824 (3B) parameters
-    "llama3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim_multiplier=1.5,
-                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),
-    "llama3.2-3b": dict(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim_multiplier=1.0,
-                        multiple_of=256, rope_scale_factor=32.0, tie_word_embeddings=True),
-    "llama-tiny": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=320, multiple_of=32,
-                       ffn_dim_multiplier=1.3, rope_original_context=64, max_seq_len=512),  # tests
-}
 
 
 def rope_frequencies(config):
@@ -657,21 +639,7 @@ class Llama(nn.Module):
 
 
 # -----------------------------------------------------------------------------
-# helpers shared by the scripts
-
-
-def build_model(family, **overrides):
-    """family 'gpt' or 'llama' (or a preset name) -> a randomly initialised model."""
-    if family in GPT_PRESETS:
-        return GPT(GPTConfig(**{**GPT_PRESETS[family], **overrides}))
-    if family in LLAMA_PRESETS:
-        return Llama(LlamaConfig(**{**LLAMA_PRESETS[family], **overrides}))
-    if family == "gpt":
-        return GPT(GPTConfig(**overrides))
-    if family == "llama":
-        return Llama(LlamaConfig(**overrides))
-    known = ["gpt", "llama", *GPT_PRESETS, *LLAMA_PRESETS]
-    raise ValueError(f"unknown model family {family!r}; choose one of {known}")
+# the optimizer
 
 
 def configure_optimizer(model, weight_decay, learning_rate, betas, device_type):

@@ -217,17 +217,11 @@ def read_at(j, token_shift):
 
 
 def shift_read_at(j):
-    """read_at under token shift: the block slot whose logits predict block position j (an int or
-    a long tensor of positions 0..k-1, the result alike).
-
-    The goal: the masked-token head reuses the alignment that every slot of the pretrained causal
-    model already has, so that fine-tuning starts from what the model knows. Decoders read block
-    position j at this slot (block_predictions, decode.py), and shift_labels must train this slot
-    for it. A result outside 0..k-1 says that no slot of the block predicts position j; a decoder
-    then has nothing to read it from unless it is position 0, which decoders with the NTP term
-    take from the causal logits before the block (first_from_ntp: DecodeSettings requires it under
-    token shift, train.py requires the NTP term and blocks of at least 2).
-    """
+    """read_at under token shift: the masked-token head reuses the alignment every slot of the
+    pretrained causal model has (slot j - 1 predicts position j), so fine-tuning starts from what
+    the model knows. Decoders read position j there (block_predictions) and shift_labels trains
+    it. No slot predicts position 0: decoders take it from the causal logits before the block
+    (first_from_ntp, which DecodeSettings requires under token shift)."""
     return j - 1
 
 

@@ -344,10 +344,6 @@ step_seconds = {}  # each stage's measured seconds per step (the estimate of the
 sbd_work = budget.sbd_step_work(adapter_rank, 1 + complementary_masks, sbd_batch_size, batch_size)
 
 
-def time_left():
-    return budget.seconds_left(iter_num, ntp_iters, sbd_iters, step_seconds, sbd_work)
-
-
 while iter_num < total_iters:
     if stage == "ntp" and iter_num >= ntp_iters:  # stage 1 done: its weights are the baseline
         save("ntp", stage_checkpoint())
@@ -396,7 +392,8 @@ while iter_num < total_iters:
         first_pace = iter_num > 0 and not step_seconds
         if iter_num > 0:  # iteration 0's time is mostly warm-up
             step_seconds[stage] = dt
-        progress = (f", {budget.clock(t0 - started)} elapsed, ~{budget.clock(time_left())} left"
+        left = budget.seconds_left(iter_num, ntp_iters, sbd_iters, step_seconds, sbd_work)
+        progress = (f", {budget.clock(t0 - started)} elapsed, ~{budget.clock(left)} left"
                     if step_seconds else "")
         copies = 1 if stage == "ntp" else 2 + complementary_masks  # clean half + noisy copies
         tokens = rows * gradient_accumulation_steps * world_size * L * copies
@@ -408,7 +405,7 @@ while iter_num < total_iters:
               f"{masked_text}), lr {lr:.2e}, {dt * 1000:.0f} ms/iter, {tokens / dt:,.0f} tokens/s"
               f"{memory}{progress}")
         if first_pace:
-            total = budget.clock(t0 - started + time_left())
+            total = budget.clock(t0 - started + left)
             print(f"at this pace training takes about {total} on this machine"
                   f"{', then the report' if report else ''}")
         with open(log_path, "a") as f:

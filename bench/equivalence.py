@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from model import build_model
+from pretrained.shapes import build_model
 from sampling import DecodeSettings
 from serving.exact import decode
 

@@ -48,13 +48,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import bench.roofline as roofline
 from configurator import ConfigError, configure, pick_device
-from model import LLAMA_PRESETS, Llama, LlamaConfig, dense_mask
+from model import Llama, LlamaConfig, dense_mask
+from pretrained.shapes import LLAMA_PRESETS
 from sampling import DecodeSettings
 from sbd import hybrid_mask
 from serving import batched
 
 # -----------------------------------------------------------------------------
-preset = "llama3.1-8b"  # a key of model.LLAMA_PRESETS ('llama-tiny' for a CPU smoke test)
+preset = "llama3.1-8b"  # a key of pretrained.shapes.LLAMA_PRESETS ('llama-tiny': CPU smoke test)
 device = ""  # '' = autodetect cuda -> mps -> cpu
 dtype = "bfloat16"  # weights and KV cache
 bandwidth = 0.0  # peak memory bandwidth in GB/s (1e9 B/s); 0 = from the GPU's name (BANDWIDTH)

@@ -10,7 +10,7 @@ import torch
 
 from checkpoint import load_checkpoint, read_calibration, settings_for
 from configurator import ConfigError, resolve_dtype
-from model import build_model
+from pretrained.shapes import build_model
 from tasks import task_of_checkpoint
 from tasks.solve import decode_batches
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-import model as model_lib  # noqa: E402
+from pretrained.shapes import build_model  # noqa: E402
 from sampling import DecodeSettings  # noqa: E402
 from serving import (
     batched,  # noqa: E402
@@ -31,7 +31,7 @@ from serving.layout import lay_out_for_decoding  # noqa: E402
 def random_model(family, dtype, std=0.5, **overrides):
     torch.manual_seed(0)
     with torch.device("cuda"):
-        m = model_lib.build_model(family, **overrides)
+        m = build_model(family, **overrides)
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() >= 2:

@@ -19,8 +19,9 @@ import math
 import pytest
 import torch
 
-from model import LLAMA_PRESETS, LlamaConfig, apply_rotary, rope_frequencies, rotary_cos_sin
+from model import LlamaConfig, apply_rotary, rope_frequencies, rotary_cos_sin
 from pretrained.load_llama import hf_permute, hf_unpermute
+from pretrained.shapes import LLAMA_PRESETS
 
 RTOL = 1e-5
 

@@ -49,6 +49,7 @@ import torch
 
 import model as model_lib
 import sampling
+from pretrained import shapes
 from tiny_models import random_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -617,7 +618,7 @@ def shape_example(name):
         gpt(prompt[:, :-1], cache=cache)  # 4 committed
         return cache
 
-    llama_config = model_lib.LlamaConfig(**model_lib.LLAMA_PRESETS["llama-tiny"])
+    llama_config = model_lib.LlamaConfig(**shapes.LLAMA_PRESETS["llama-tiny"])
     llama = random_model("llama-tiny")
     cos, sin = model_lib.rotary_cos_sin(torch.arange(6), llama.inv_freq)
     kv_cache = model_lib.KVCache(2, 2, 3, 4, max_len=16, device="cpu", dtype=torch.float32)

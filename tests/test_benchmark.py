@@ -18,7 +18,8 @@ import torch
 import evaluate
 import tasks.solve as solve_lib
 from checkpoint import save_checkpoint
-from model import LLAMA_PRESETS, Llama, LlamaConfig
+from model import Llama, LlamaConfig
+from pretrained.shapes import LLAMA_PRESETS
 from sampling import DecodeSettings
 from tasks import BenchmarkTask, final_answer
 

@@ -22,6 +22,7 @@ import model as model_lib
 import sampling
 import tiny_models
 from model import dense_mask
+from pretrained.shapes import build_model
 from sbd import hybrid_mask
 from serving import batched, exact
 
@@ -242,7 +243,7 @@ CHARS = "\n_abcdefghijklmnopqrstuvwxyz +=?.,"  # '\n' (id 0) stops, '_' (id 1) i
 def write_checkpoint(path, stage, calibration=None):
     """A tiny checkpoint in train.py's layout, and the calibration.json evaluate.py would write."""
     torch.manual_seed(0)
-    m = model_lib.build_model("gpt-tiny", vocab_size=len(CHARS))
+    m = build_model("gpt-tiny", vocab_size=len(CHARS))
     checkpoint = {"model": m.state_dict(), "model_family": "gpt",
                   "model_args": dataclasses.asdict(m.config),
                   "stage": stage, "config": {}, "tokenizer": {"kind": "char", "chars": CHARS},
@@ -340,8 +341,8 @@ def test_dropout_zero_builds_no_dropout_modules():
     """An nn.Dropout that drops nothing still costs a call (9 per forward of the demo GPT): at
     p = 0 there are none; at p > 0 there are, with the same state dict, the same eval logits, and
     dropout in training."""
-    plain = model_lib.build_model("gpt-tiny").eval()
-    dropping = model_lib.build_model("gpt-tiny", dropout=0.5)
+    plain = build_model("gpt-tiny").eval()
+    dropping = build_model("gpt-tiny", dropout=0.5)
     assert not any(isinstance(mod, torch.nn.Dropout) for mod in plain.modules())
     n_dropout = sum(isinstance(mod, torch.nn.Dropout) for mod in dropping.modules())
     assert n_dropout == 2 * dropping.config.n_layer + 1

@@ -16,9 +16,9 @@ from test_exact import ScriptedDrafts
 from torch.nn import functional as F
 
 import decode
-import model as model_lib
 import sampling
 import tiny_models
+from pretrained.shapes import build_model
 from sampling import DecodeSettings
 from serving import batched, exact
 
@@ -139,7 +139,7 @@ def tiny_sampling_model(seed=2, std=0.7):
     """A GPT with 5 tokens and a mask token, far from uniform, so that its masked-token
     distribution q differs a lot from its next-token distribution p."""
     torch.manual_seed(seed)
-    m = model_lib.build_model("gpt", n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=6)
+    m = build_model("gpt", n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=6)
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() >= 2:

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from model import LLAMA_PRESETS, Llama, LlamaConfig
+from model import Llama, LlamaConfig
 from pretrained.load_llama import (
     HF_CHECKED,
     HF_CONFIG,
@@ -19,6 +19,7 @@ from pretrained.load_llama import (
     load_hf_checkpoint,
     load_llama,
 )
+from pretrained.shapes import LLAMA_PRESETS
 from test_llama_io import (
     assert_same_model,
     expect_error,

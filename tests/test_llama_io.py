@@ -16,7 +16,6 @@ import torch
 
 from checkpoint import load_checkpoint, save_checkpoint
 from model import (
-    LLAMA_PRESETS,
     Llama,
     LlamaConfig,
     apply_rotary,
@@ -34,6 +33,7 @@ from pretrained.load_llama import (
     read_safetensors,
     write_safetensors,
 )
+from pretrained.shapes import LLAMA_PRESETS
 
 # llama-tiny's params.json, written out by hand. Meta's params.json has no field for the rope's
 # original context (Meta's code fixes it at 8192), so the Meta-layout reference model uses 8192, not

@@ -23,13 +23,13 @@ import tiny_models
 from checkpoint import load_checkpoint
 from model import (
     IGNORE_INDEX,
-    LLAMA_PRESETS,
     Llama,
     LlamaConfig,
     rope_frequencies,
 )
 from pretrained.load_llama import config_from_hf, init_mask_embedding, write_safetensors
 from pretrained.loading import load_pretrained
+from pretrained.shapes import LLAMA_PRESETS
 from sbd import is_adapter
 from serving import batched
 from tasks import JsonlTask

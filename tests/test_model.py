@@ -16,6 +16,7 @@ import checkpoint as checkpoint_lib
 import model as model_lib
 import sbd
 from model import LlamaConfig, dense_mask
+from pretrained import shapes
 from tiny_models import random_model
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
@@ -254,7 +255,7 @@ def test_n_commit_needs_a_cache():
 
 
 def tiny_checkpoint(family, m):
-    presets = {"gpt-tiny": model_lib.GPT_PRESETS, "llama-tiny": model_lib.LLAMA_PRESETS}[family]
+    presets = {"gpt-tiny": shapes.GPT_PRESETS, "llama-tiny": shapes.LLAMA_PRESETS}[family]
     args = presets[family]
     return dict(model=m.state_dict(), model_family=family.split("-")[0], model_args=dict(args),
                 stage="ntp")

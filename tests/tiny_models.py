@@ -2,13 +2,13 @@
 
 import torch
 
-import model as model_lib
+from pretrained.shapes import build_model
 
 
 def random_model(family, seed=0, std=0.1, dtype=torch.float32):
-    """model_lib.build_model(family) with every matrix redrawn from N(0, std), in eval mode."""
+    """build_model(family) with every matrix redrawn from N(0, std), in eval mode."""
     torch.manual_seed(seed)
-    m = model_lib.build_model(family)
+    m = build_model(family)
     with torch.no_grad():
         for p in m.parameters():
             if p.dim() >= 2:
