@@ -392,9 +392,10 @@ while iter_num < total_iters:
         first_pace = iter_num > 0 and not step_seconds
         if iter_num > 0:  # iteration 0's time is mostly warm-up
             step_seconds[stage] = dt
-        left = budget.seconds_left(iter_num, ntp_iters, sbd_iters, step_seconds, sbd_work)
-        progress = (f", {budget.clock(t0 - started)} elapsed, ~{budget.clock(left)} left"
-                    if step_seconds else "")
+        progress = ""
+        if step_seconds:  # the pace measured so far
+            left = budget.seconds_left(iter_num, ntp_iters, sbd_iters, step_seconds, sbd_work)
+            progress = f", {budget.clock(t0 - started)} elapsed, ~{budget.clock(left)} left"
         copies = 1 if stage == "ntp" else 2 + complementary_masks  # clean half + noisy copies
         tokens = rows * gradient_accumulation_steps * world_size * L * copies
         masked_text = f", masked-token {masked_loss.item():.4f} (k={k})" if stage == "sbd" else ""
