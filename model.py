@@ -48,7 +48,6 @@ def dense_mask(mask_fn, n_queries, n_keys, query_offset=0, device=None):
     return mask_fn(q[:, None], k[None, :])  # (n_queries, n_keys)
 
 
-
 # -----------------------------------------------------------------------------
 # KV cache
 

@@ -23,8 +23,6 @@ FAMILIES = ["gpt-tiny", "llama-tiny"]
 TOL = 1e-5
 
 
-
-
 def random_tokens(m, B, T, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, m.config.vocab_size, (B, T), generator=g)
