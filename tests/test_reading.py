@@ -1,7 +1,8 @@
 """
 The reading counts of bench/reading.py stay within the reader's budget: what a student reads to
 follow one SBD training step, one plain decode and the exact mode, on the scale of nanoGPT's
-training step and gpt-fast's decode loops (300 lines, 200 with at most 3 calls to the model, 150).
+training step and gpt-fast's decode loops (300 lines, 200 with at most 3 calls to the model, 150),
+and the files a student opens to read the method whole stay within 2000 lines together.
 """
 
 import pytest
@@ -14,6 +15,14 @@ BUDGETS = {  # path -> (most lines, most calls from sample.py to the model)
     "exact greedy SBD decode": (150, 3),
     "exact sampled SBD decode": (150, 3),
 }
+READER_FILES_BUDGET = 2000  # model.py, sbd.py, train.py, sample.py, sampling.py, decode.py
+
+
+def test_the_readers_files_stay_within_budget():
+    files = reading.file_lines(reading.READER_FILES)
+    assert set(files) == {"model.py", "sbd.py", "train.py", "sample.py", "sampling.py",
+                          "decode.py"}
+    assert sum(files.values()) <= READER_FILES_BUDGET, files
 
 
 @pytest.mark.slow
