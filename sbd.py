@@ -218,10 +218,10 @@ def read_at(j, token_shift):
 
 def shift_read_at(j):
     """read_at under token shift: the masked-token head reuses the alignment every slot of the
-    pretrained causal model has (slot j - 1 predicts position j), so fine-tuning starts from what
-    the model knows. Decoders read position j there (block_predictions) and shift_labels trains
-    it. No slot predicts position 0: decoders take it from the causal logits before the block
-    (first_from_ntp, which DecodeSettings requires under token shift)."""
+    pretrained causal model already has, so fine-tuning starts from what the model knows.
+    Decoders read position j at this slot (block_predictions) and shift_labels trains it there. A
+    result outside 0..k-1: no slot of the block predicts j; position 0 then comes from the causal
+    logits before the block (first_from_ntp, which DecodeSettings requires under token shift)."""
     return j - 1
 
 
