@@ -13,7 +13,7 @@ import functools
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from sbd import sbd_training_mask
+from sbd import sbd_training_mask, sequence_positions
 
 
 @functools.cache
@@ -47,7 +47,7 @@ def flex_training_mask(L, k, phases, device=None, noisy_start=0, copies=1):
 
     k goes in as a tensor: compiled flex_attention specialises on Python ints in the mask function
     and would recompile for every block size drawn, while a tensor's value is free to change."""
-    T = L + copies * (L - noisy_start)
+    T = sequence_positions(L, noisy_start, copies).numel()  # the layout's one rule
     phases = phases.to(device)
     k = torch.tensor(k, device=phases.device)
 
