@@ -23,8 +23,9 @@ import torch
 
 from configurator import ConfigError
 from model import GPT, GPTConfig, Llama, LlamaConfig, attach_adapter, rope_frequencies
-from sampling import ONE_FORWARD, DecodeSettings
+from sampling import ONE_FORWARD
 from sbd import split_adapter
+from serving.settings import ServingSettings
 from tasks.files import check_same_data
 
 # -----------------------------------------------------------------------------
@@ -224,12 +225,13 @@ def write_json(path, record):
 
 
 def settings_for(checkpoint, calibration=None, k=None, gamma=None, exact=False, **overrides):
-    """DecodeSettings for an SBD checkpoint: k and γ as given, else as calibrated.
+    """ServingSettings (DecodeSettings and serving's fields) for an SBD checkpoint: k and γ as
+    given, else as calibrated.
 
     k: given, else the calibration's operating_k (exact: exact_k), else 16. gamma: given, else the
     calibrated one for that k (exact: gamma_exact, plain: gamma_low); exact SBD's min_draft_prob
     as calibrated unless given. Plain SBD with no γ to use is an error that says what to do.
-    overrides: any other DecodeSettings field (rule, temperature, top_k, top_p, adaptive).
+    overrides: any other field (rule, temperature, top_k, top_p, adaptive, compiled).
     """
     calibration = calibration or {}
     k = k or calibration.get("exact_k" if exact else "operating_k") or 16
@@ -251,6 +253,6 @@ def settings_for(checkpoint, calibration=None, k=None, gamma=None, exact=False, 
     token_shift = bool(config.get("token_shift", False))  # absent: a checkpoint of the paper's rule
     if exact and overrides.get("temperature", 0) > 0:
         overrides.setdefault("rule", "left")  # exact sampling needs left-to-right drafts
-    return DecodeSettings(mask_id=checkpoint["mask_id"], stop_ids=tuple(checkpoint["stop_ids"]),
-                          k=k, gamma=gamma, exact=exact, first_from_ntp=first_from_ntp,
-                          token_shift=token_shift, **overrides)
+    return ServingSettings(mask_id=checkpoint["mask_id"], stop_ids=tuple(checkpoint["stop_ids"]),
+                           k=k, gamma=gamma, exact=exact, first_from_ntp=first_from_ntp,
+                           token_shift=token_shift, **overrides)

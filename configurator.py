@@ -198,16 +198,21 @@ def check_decode_settings(s, rules):
     require(s.top_k is None or s.top_k >= 1,
             f"top_k must be at least 1 (None: all tokens), got {s.top_k}")
     require(s.top_p is None or 0 < s.top_p <= 1, f"top_p must be in (0, 1], got {s.top_p}")
-    require(0 <= s.min_draft_prob <= 1,
-            f"min_draft_prob is a probability in [0, 1], got {s.min_draft_prob}")
-    require(s.exact or not s.min_draft_prob,
-            "min_draft_prob cuts the drafts exact SBD checks: it needs exact=True")
     require(s.first_from_ntp or not s.token_shift,
             "token_shift reads a block's first position from the causal logits, so it needs "
             "first_from_ntp (a model trained with the NTP term)")
     require(not (s.exact and s.temperature > 0 and s.rule != "left"),
             "exact sampling (temperature > 0) needs drafts revealed left to right: rule='left' "
             "(docs/method.md, Exact sampling)")
+
+
+def check_serving_settings(s):
+    """serving.settings.ServingSettings' own fields, checked: a ConfigError that says what is
+    allowed."""
+    require(0 <= s.min_draft_prob <= 1,
+            f"min_draft_prob is a probability in [0, 1], got {s.min_draft_prob}")
+    require(s.exact or not s.min_draft_prob,
+            "min_draft_prob cuts the drafts exact SBD checks: it needs exact=True")
 
 
 def check_sample_settings(c, weights):

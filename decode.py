@@ -69,8 +69,6 @@ def exact(model, prompt, settings, max_new_tokens, generator=None):
     forward that commits them, so the output is NTP's (docs/method.md, Exact mode). The drafts
     before the first rejected one are kept, then NTP's token, which replaces the rejected draft
     (the cache forgets the rest, the new block is dropped) or starts the new block."""
-    if settings.adaptive or settings.min_draft_prob:
-        raise ValueError("adaptive blocks and the draft floor are serving's: serving.exact.decode")
     cache = model.new_cache(1, prompt.size(1) + max_new_tokens + 2 * settings.k, prompt.device)
     pending = prefill(model, prompt, cache)  # (1, 1 + n): a checked token, n drafts
     q, out, widths, accepted, rejected = None, [], [], 0, 0  # q (1, n, V): what drafts drew from

@@ -66,6 +66,8 @@ class KVCache:
     bidirectional forward is ever kept, and no forward copies the cache.
     """
 
+    host_checks = True  # False: its caller checked the whole decode (serving's compiled steps)
+
     def __init__(self, n_layer, batch_size, n_kv_head, head_dim, max_len, device, dtype):
         shape = (batch_size, n_kv_head, max_len, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
@@ -93,7 +95,7 @@ class KVCache:
         whole buffers (B, H, max_len, D). Only the first n_commit become cached (forward() adds
         them to the lengths after all layers); an int, or (B,) per row."""
         B, H, T, D = k_new.shape  # k_new: (B, n_kv_head, T, head_dim)
-        L = -1 if torch.compiler.is_compiling() else int(self.lengths.max())  # checks: host ints
+        L = int(self.lengths.max()) if self.host_checks else -1  # the checks read host ints
         if isinstance(n_commit, int) and not 0 <= n_commit <= T:
             raise ValueError(f"n_commit must be between 0 and the {T} new tokens, got {n_commit}")
         if L + T > self.max_len:
@@ -395,7 +397,7 @@ def resolve_defaults(idx, pos, mask, cache, n_commit, max_seq_len):
     T = idx.size(1)
     if pos is None:  # slot positions: 0..T-1, or each row's cache length + 0..T-1
         pos = torch.arange(T, device=idx.device) if cache is None else cache.next_slots(T)
-    last = int(pos.max()) if pos.numel() and not torch.compiler.is_compiling() else -1
+    last = int(pos.max()) if pos.numel() and (cache is None or cache.host_checks) else -1
     if last >= max_seq_len:
         raise ValueError(f"position {last} is past the model's context of {max_seq_len} tokens")
     if cache is not None:

@@ -28,7 +28,7 @@ from checkpoint import load_checkpoint, read_calibration, settings_for
 from configurator import ConfigError, check_sample_settings, configure, pick_device, resolve_dtype
 from pretrained.loading import four_bit_blocks, load_pretrained, tokenizer_of
 from sampling import DecodeSettings
-from serving.batched import format_steps, warm_up
+from serving.batched import format_steps
 from serving.exact import decoders
 from serving.layout import WEIGHTS
 from tasks import chat_prompt, task_of_checkpoint
@@ -92,11 +92,6 @@ else:
                                 gamma=None if gamma < 0 else gamma, exact=exact, **sampling,
                                 **floor)
 
-# the decoders: decode.py's on the model as trained, or serving's where a setting needs them
-model, settings, decode_sbd, decode_ntp = decoders(
-    model, settings, compile, weights, quantized_rows, four_bit_blocks(init_from or checkpoint),
-    as_loaded=bool(init_from), record_steps=show_steps)
-
 if start.startswith("FILE:"):
     with open(start[5:], encoding="utf-8") as f:
         start = f.read()
@@ -124,11 +119,12 @@ if max_new_tokens > room:
     max_new_tokens = room
 generator = torch.Generator(device).manual_seed(seed)
 
+# the decoders: decode.py's on the model as trained, or serving's where a setting needs them
+model, settings, decode_sbd, decode_ntp = decoders(
+    model, settings, prompt, max_new_tokens, compile, weights, quantized_rows,
+    four_bit_blocks(init_from or checkpoint), as_loaded=bool(init_from), record_steps=show_steps)
 # warm both paths up, so that the first sample's wall clock does not pay for lazy setup
-if settings.compiled:  # every width now, for the decodes' cache size
-    print(f"compile: {warm_up(model, prompt, max_new_tokens, settings):.1f} s")
-for warm in [] if settings.compiled else {"sbd": [decode_sbd], "ntp": [decode_ntp],
-                                "both": [decode_sbd, decode_ntp]}[mode]:
+for warm in {"sbd": [decode_sbd], "ntp": [decode_ntp], "both": [decode_sbd, decode_ntp]}[mode]:
     warm(model, prompt, settings, 2, generator=generator)
 
 

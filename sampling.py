@@ -29,14 +29,11 @@ class DecodeSettings:
     gamma: float = 0.1  # threshold of the reveal rule: γ of the EB-Sampler, f of the factor rule
     rule: str = "entropy"  # a key of REVEAL_RULES
     exact: bool = False  # exact SBD (decode.exact): drafts checked by NTP, the output is NTP's
-    adaptive: bool = False  # exact SBD: block size follows accepted drafts, drafted in 1 forward
-    min_draft_prob: float = 0.0  # exact SBD: check drafts up to the first one this unsure (0: all)
     first_from_ntp: bool = True  # a block's slot 0 from the causal logits (False: no NTP term)
     token_shift: bool = False  # block slots aligned by token shift (sbd.read_at), not the paper
     temperature: float = 0.0  # 0: argmax (the paper's setting); > 0: sample
     top_k: int | None = None  # sample among the top_k most likely tokens only
     top_p: float | None = None  # sample among the smallest set holding probability top_p
-    compiled: bool = False  # every forward through torch.compile's graphs (serving/batched.py)
 
     def __post_init__(self):
         self.stop_ids = tuple(self.stop_ids)

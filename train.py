@@ -241,12 +241,7 @@ if checkpoint is not None:
     iter_num, stage = checkpoint["iter_num"], checkpoint["stage"]
     estimated_at = iter_num if checkpoint.get("estimated") else 0  # logged before it was saved
 raw_model = model
-if compile:
-    model = torch.compile(model)
-if fsdp:  # in place: a compiled wrapper calls the sharded modules
-    parallel.shard(raw_model, ptdtype)
-elif ddp:
-    model = parallel.replicate(model)
+model = parallel.wrap(model, compile, fsdp, ddp, ptdtype)  # compiled, sharded or replicated
 
 # forward_loss's settings, read once here
 loss_settings = dict(

@@ -25,9 +25,9 @@ from bench.workload import (
     random_gpt,
     trained_settings,
 )
-from sampling import DecodeSettings
 from serving.batched import ntp_generate
 from serving.exact import decode
+from serving.settings import ServingSettings
 from tasks.solve import mode_name, new_tokens
 
 # -----------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def recompute_generate(model, prompt, max_new_tokens):
 def bench_kvcache(cfg):
     model = random_gpt(cfg)
     prompt = torch.randint(0, cfg.vocab_size, (1, cfg.prompt_len), device=cfg.device)
-    greedy, n = DecodeSettings(mask_id=None), cfg.new_tokens
+    greedy, n = ServingSettings(mask_id=None), cfg.new_tokens
     ntp_generate(model, prompt, greedy, 8)  # warm-up
     cached, stats = ntp_generate(model, prompt, greedy, n)
     t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def random_workload(cfg):
     prompts = [torch.randint(0, cfg.vocab_size - 1, (1, cfg.prompt_len), device=cfg.device)
                for _ in range(cfg.num_prompts)]
     gamma = cfg.gamma if cfg.gamma is not None else cfg.random_gamma
-    plain = DecodeSettings(mask_id=cfg.vocab_size - 1, k=cfg.k or 16, gamma=gamma, rule=cfg.rule)
+    plain = ServingSettings(mask_id=cfg.vocab_size - 1, k=cfg.k or 16, gamma=gamma, rule=cfg.rule)
     print(f"no {checkpoint_path(cfg)}: a random GPT {cfg.n_layer}L/{cfg.n_embd}d, k={plain.k}, "
           f"γ={gamma:g}")
     return (model, prompts, plain, plain.replace(exact=True), cfg.max_new_tokens,

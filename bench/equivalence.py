@@ -21,8 +21,8 @@ import sys
 import torch
 
 from pretrained.shapes import build_model
-from sampling import DecodeSettings
 from serving.exact import decode
+from serving.settings import ServingSettings
 
 SHAPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=160, vocab_size=32)
 MASK, STOP = 31, 30
@@ -42,7 +42,7 @@ def demo_model(std, seed):
 
 def modes():
     """{name: (settings, ntp)} of every decode mode pinned."""
-    base = DecodeSettings(mask_id=MASK, stop_ids=(STOP,), k=16)
+    base = ServingSettings(mask_id=MASK, stop_ids=(STOP,), k=16)
     out = {"ntp": (base, True), "ntp_t1": (base.replace(temperature=1.0), True)}
     for gamma in (0.0, 0.5, 16.0):
         out[f"sbd_g{gamma}"] = (base.replace(gamma=gamma), False)

@@ -44,10 +44,11 @@ from bench.measure import cpu_name, measure_bandwidth, spread
 from checkpoint import load_checkpoint, settings_for
 from configurator import ConfigError, configure, resolve_dtype
 from pretrained.loading import four_bit_blocks, load_pretrained, pretrained_path, tokenizer_of
-from sampling import ONE_FORWARD, DecodeSettings
+from sampling import ONE_FORWARD
 from serving.batched import decode_forward, new_cache, ntp_generate, warm_up
 from serving.exact import exact_generate
 from serving.layout import lay_out_for_decoding
+from serving.settings import ServingSettings
 from tasks import BenchmarkTask
 
 # -----------------------------------------------------------------------------
@@ -170,7 +171,7 @@ def main():
     decode_dtype = getattr(torch, resolve_dtype(dtype, "cpu"))
     eager, tokenizer = load_pretrained(path, dtype=decode_dtype)
     prompt_ids = torch.tensor([tokenizer.encode(prompt)])  # (1, T0)
-    settings, sbd, source = DecodeSettings(mask_id=None, k=k), None, path
+    settings, sbd, source = ServingSettings(mask_id=None, k=k), None, path
     if ckpt:
         eager, checkpoint = load_checkpoint(ckpt)
         eager, source = eager.to(decode_dtype), checkpoint

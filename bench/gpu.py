@@ -50,9 +50,9 @@ import bench.roofline as roofline
 from configurator import ConfigError, configure, pick_device
 from model import Llama, LlamaConfig, dense_mask
 from pretrained.shapes import LLAMA_PRESETS
-from sampling import DecodeSettings
 from sbd import hybrid_mask
 from serving import batched
+from serving.settings import ServingSettings
 
 # -----------------------------------------------------------------------------
 preset = "llama3.1-8b"  # a key of pretrained.shapes.LLAMA_PRESETS ('llama-tiny': CPU smoke test)
@@ -149,7 +149,7 @@ def static_times(L0, eager_t1):
     """4. The same forwards through the product's compiled decode step (batched.decode_forward on
     a cache of compiled decoding: the static cache, read whole, one CUDA graph per width): NTP
     decode vs the bandwidth ceiling, t(k)/t(1), and Eq. 16 from these times."""
-    settings = DecodeSettings(mask_id=None, k=max(ks), compiled=True)
+    settings = ServingSettings(mask_id=None, k=max(ks), compiled=True)
     cache = batched.new_cache(model, torch.zeros(1, L0, dtype=torch.long, device=device),
                                2 * max(ks) + 1, settings)
     for buffer in cache.k + cache.v:

@@ -20,12 +20,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from pretrained.shapes import build_model  # noqa: E402
-from sampling import DecodeSettings  # noqa: E402
 from serving import (
     batched,  # noqa: E402
     exact,  # noqa: E402
 )
 from serving.layout import lay_out_for_decoding  # noqa: E402
+from serving.settings import ServingSettings  # noqa: E402
 
 
 def random_model(family, dtype, std=0.5, **overrides):
@@ -44,7 +44,7 @@ def tiny_checks():
     for family in ("gpt-tiny", "llama-tiny"):
         m = random_model(family, torch.float32)
         mask_id = m.config.vocab_size - 1
-        plain = DecodeSettings(mask_id=mask_id, k=4, gamma=0.5)
+        plain = ServingSettings(mask_id=mask_id, k=4, gamma=0.5)
         greedy_exact = plain.replace(gamma=1e9, exact=True)
         sampled = plain.replace(exact=True, rule="left", temperature=1.0, top_k=20)
         for B in (1, 2):
@@ -66,7 +66,7 @@ def tiny_checks():
 def speed_check():
     m = random_model("llama3.2-1b", torch.bfloat16, std=0.02, max_seq_len=2048)
     prompt = torch.randint(0, 128000, (1, 32), device="cuda")
-    settings = DecodeSettings(mask_id=None, k=16)
+    settings = ServingSettings(mask_id=None, k=16)
     t0 = time.perf_counter()
     seconds = batched.warm_up(m, prompt, 64, settings.replace(compiled=True))
     print(f"llama3.2-1b shapes, bf16: compile {seconds:.0f} s ({time.perf_counter() - t0:.0f})")

@@ -8,6 +8,8 @@ from the reference decoders a student reads (decode.py at the root), whose rules
   size, the draft floor, the step view's checks; decode(), the entry that evaluate.py and the
   benchmarks call, and decoders(), which picks sample.py's (decode.py's unless a setting needs
   serving).
+- settings.py: ServingSettings, sampling.DecodeSettings with serving's own fields (adaptive,
+  min_draft_prob, compiled).
 - layout.py: the weights laid out once for decoding (fused, in the decode dtype, int8 or a GGUF
   file's 4-bit blocks), and what decodes fastest on this machine (fastest_setup).
 """

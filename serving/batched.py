@@ -28,6 +28,7 @@ from configurator import ConfigError
 from decode import DecodeStats, hybrid_forward, reveal_first, stop_reached
 from sampling import next_token, reveal_step
 from sbd import block_predictions, hybrid_mask
+from serving.settings import serving_settings
 
 # -----------------------------------------------------------------------------
 # what serving's decoders return besides tokens: the reference's counts, timings, the step view
@@ -102,9 +103,11 @@ def check_mask_id(model, settings):
 
 def new_cache(model, prompt, n_slots, settings=None):
     """The static KV cache of a decode: room for the prompt and n_slots more (2k more for exact or
-    compiled decoding). With settings.compiled, one kept for every later decode of that size (its
-    length set back to 0), rounded up to a multiple of 64: a compiled graph is made for one
-    cache's shapes, so NTP and SBD decodes of similar lengths share it."""
+    compiled decoding). With settings.compiled, the smallest kept cache that has the room (its
+    length set back to 0), else a new one rounded up to a multiple of 64 and kept: a compiled
+    graph is made for one cache's shapes, so decodes of similar or shorter lengths share it (a
+    2-token warm-up decode runs the graphs of the decode it warms up). Its room is checked here
+    (check_prompt) once, so its forwards skip the host checks a graph cannot make."""
     B, T0 = prompt.shape
     dtype = next(model.parameters()).dtype
     if settings is not None and (settings.exact or settings.compiled):
@@ -112,13 +115,15 @@ def new_cache(model, prompt, n_slots, settings=None):
     if settings is None or not settings.compiled:
         cache = model.new_cache(B, T0 + n_slots, prompt.device, dtype=dtype)
     else:
-        max_len = -(-(T0 + n_slots) // 64) * 64
-        key = (id(next(model.parameters())), B, max_len, dtype, prompt.device)
-        if key not in CACHES:
-            CACHES[key] = model.new_cache(B, max_len, prompt.device, dtype=dtype)
-            for t in CACHES[key].k + CACHES[key].v + [CACHES[key].lengths]:
+        kept = CACHES.setdefault((id(next(model.parameters())), B, dtype, prompt.device), {})
+        need = T0 + n_slots
+        max_len = min([n for n in kept if n >= need], default=-(-need // 64) * 64)
+        if max_len not in kept:
+            kept[max_len] = model.new_cache(B, max_len, prompt.device, dtype=dtype)
+            kept[max_len].host_checks = False
+            for t in kept[max_len].k + kept[max_len].v + [kept[max_len].lengths]:
                 torch._dynamo.mark_static_address(t)  # CUDA graphs write them in place
-        cache, k = CACHES[key], settings.k
+        cache, k = kept[max_len], settings.k
         # the widths its forwards are padded to, one graph each: 1 (NTP), and a block with the
         # tokens it commits (one, or a whole block)
         cache.length, cache.widths = 0, sorted({1, k + 1, 2 * k})
@@ -126,7 +131,7 @@ def new_cache(model, prompt, n_slots, settings=None):
     return cache
 
 
-CACHES = {}  # compiled decoding's caches, by (model, batch size, slots, dtype, device)
+CACHES = {}  # compiled decoding's caches: (model, batch size, dtype, device) -> {max_len: cache}
 
 
 # -----------------------------------------------------------------------------
@@ -185,7 +190,7 @@ def warm_up(model, prompt, n_slots, settings):
     starts -> seconds (a later process finds inductor's graphs on disk)."""
     t0 = time.perf_counter()
     with torch.inference_mode():  # as the decoders: its cache is theirs
-        cache = new_cache(model, prompt, n_slots, settings)
+        cache = new_cache(model, prompt, n_slots, serving_settings(settings))
         for width in cache.widths:
             decode_forward(model, cache, prompt[:, :1].expand(-1, width), 1)
             cache.length = 0
@@ -266,6 +271,7 @@ def ntp_generate(model, prompt, settings, max_new_tokens, generator=None):
     stops when every row is done or after max_new_tokens. Returns (tokens, stats): tokens[b] = row
     b's new ids up to its first stop token.
     """
+    settings = serving_settings(settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
     cache = new_cache(model, prompt, max_new_tokens, settings)
@@ -353,6 +359,7 @@ def sbd_generate(model, prompt, settings, max_new_tokens, generator=None, record
     stream). A row is done once it has revealed a stop token and everything before it.
     Returns (tokens, stats): tokens[b] = row b's new ids up to and including its first stop token.
     """
+    settings = serving_settings(settings)
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)  # the last block is cut: no slack of k
     t0 = time.perf_counter()

@@ -48,8 +48,10 @@ from serving.batched import (
     ntp_run,
     prefill,
     sbd_generate,
+    warm_up,
 )
 from serving.layout import fastest_setup, lay_out_for_decoding
+from serving.settings import serving_settings
 
 MAX_PATIENCE = 64  # adaptive block size: the longest wait at k = 1 before trying drafts again
 
@@ -330,6 +332,7 @@ def exact_generate(model, prompt, settings, max_new_tokens, generator=None, reco
     all at blocks of 1 take NTP's step. Greedy at temperature 0; sampling needs settings.rule =
     'left' (docs/method.md, Exact sampling). -> (tokens, stats) as sbd_generate's, with per-row
     accepted, rejected, wasted_forwards (all reveals rejected), final_checks (only checked)."""
+    settings = serving_settings(settings)
     check_mask_id(model, settings)
     prompt = check_prompt(model, prompt, max_new_tokens)
     t0 = time.perf_counter()
@@ -416,23 +419,25 @@ def decode(model, prompt, settings, max_new_tokens, ntp=False, generator=None, r
     return run(model, prompt, settings, max_new_tokens, generator, record_steps)
 
 
-def decoders(model, settings, compile, weights, quantized_rows, four_bit, as_loaded,
-             record_steps=False):
-    """sample.py's decoders -> (model, settings, SBD's decoder, NTP's): decode.py's on the model
-    as trained, or decode()'s (the same tokens) where a setting needs serving: compiled graphs
-    (compile; None: what fastest_setup picks), int8/int4 weights ('auto': a GGUF file's 4-bit
-    blocks, four_bit, for a model as loaded only: a fine-tune's weights are off the file's grid,
-    and quantizing them again would decode another model than the one trained), the step view
+def decoders(model, settings, prompt, max_new_tokens, compile, weights, quantized_rows, four_bit,
+             as_loaded, record_steps=False):
+    """sample.py's decoders of prompt (B, T0) -> (model, settings, SBD's decoder, NTP's):
+    decode.py's on the model as trained, or decode()'s (the same tokens) where a setting needs
+    serving: compiled graphs (compile; None: what fastest_setup picks; every width compiled here
+    for decodes of up to max_new_tokens), int8/int4 weights ('auto': a GGUF file's 4-bit blocks,
+    four_bit, for a model as loaded only: a fine-tune's weights are off the file's grid, and
+    quantizing them again would decode another model than the one trained), the step view
     (record_steps), adaptive blocks, the draft floor. Serving's model has its weights laid out
     once for decoding (serving/layout.py)."""
     compile, weights = fastest_setup(model, compile, weights, four_bit and as_loaded)
-    settings = settings.replace(compiled=compile)
+    settings = serving_settings(settings, compiled=compile)
     print(f"decoding: {weights} weights ({next(model.parameters()).dtype}), "
           + ("compiled" if compile else "eager"))
-    if not (compile or weights != "trained" or record_steps or settings.adaptive
-            or settings.min_draft_prob):
+    if not (settings.needs_serving() or weights != "trained" or record_steps):
         return model, settings, reference.exact if settings.exact else reference.sbd, reference.ntp
     model = lay_out_for_decoding(model, next(model.parameters()).dtype, weights, quantized_rows,
                                  four_bit)
+    if compile:
+        print(f"compile: {warm_up(model, prompt, max_new_tokens, settings):.1f} s")
     return (model, settings, functools.partial(decode, record_steps=record_steps),
             functools.partial(decode, ntp=True))

@@ -39,6 +39,7 @@ from sampling import DecodeSettings
 from sbd import freeze_base, is_adapter
 from serving import batched, exact
 from serving.layout import lay_out_for_decoding
+from serving.settings import ServingSettings
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -383,7 +384,7 @@ def test_compiled_decoding_with_an_adapter_gives_the_eager_tokens():
     base, m = adapted("llama-tiny")
     m, base = lay_out_for_decoding(m.float(), torch.float32), base.float()
     p = tokens(m, 2, 5, seed=1)
-    plain = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
+    plain = ServingSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
     runs = [(batched.ntp_generate, plain), (batched.sbd_generate, plain),
             (exact.exact_generate, plain.replace(gamma=1e9, exact=True))]
     for run, settings in runs:

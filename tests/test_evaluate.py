@@ -13,7 +13,7 @@ import report.summary as summary
 import report.sweep as sweep_picture
 import report.views as views
 import tiny_models
-from sampling import DecodeSettings
+from serving.settings import ServingSettings
 
 
 def sweep(*points):
@@ -155,7 +155,7 @@ def test_a_compiled_decoder_is_timed_after_an_untimed_pass(monkeypatch, compiled
     made = []
     monkeypatch.setattr(views, "solve", lambda *a, **kw: made.append(kw) or
                         dict(seconds=next(seconds)))
-    settings = DecodeSettings(mask_id=0, k=4, compiled=compiled)
+    settings = ServingSettings(mask_id=0, k=4, compiled=compiled)
     got = views.seconds_at_batch_1(None, None, ["a problem"], settings)
     assert len(made) == calls and all(kw["batch_size"] == 1 for kw in made)
     assert got == (1.0 if compiled else 100.0)

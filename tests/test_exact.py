@@ -18,6 +18,7 @@ import torch
 import sampling
 import tiny_models
 from serving import batched, exact
+from serving.settings import ServingSettings
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -163,7 +164,7 @@ def test_an_unsure_draft_and_those_after_it_are_not_checked(family, rule, monkey
     ntp, _ = tiny_models.ntp(m, prompt, n, mask_id=mask_id_of(m))
     scripted = ScriptedDrafts(m, prompt[0].tolist() + ntp[0] + [0] * 8, T0 + wrong, unsure=True)
     for floor, rejections in ((0.9, 0), (0.4, 1)):
-        settings = sampling.DecodeSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True,
+        settings = ServingSettings(mask_id=mask_id_of(m), k=8, gamma=1e9, exact=True,
                                            min_draft_prob=floor)
         out, stats = exact.exact_generate(scripted, prompt, settings, n)
         assert out == ntp

@@ -21,6 +21,7 @@ import tiny_models
 from pretrained.shapes import build_model
 from sampling import DecodeSettings
 from serving import batched, exact
+from serving.settings import ServingSettings
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -50,7 +51,7 @@ def prompts_and_stop(m, B, seed, T0=5):
 def test_batch_rows_equal_ntp_of_each_row_alone(family, k, gamma, adaptive, floor):
     m = random_model(family)
     prompts, stop = prompts_and_stop(m, 6, seed=k)
-    settings = DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=[stop], exact=True,
+    settings = ServingSettings(mask_id=mask_id_of(m), k=k, gamma=gamma, stop_ids=[stop], exact=True,
                               adaptive=adaptive, min_draft_prob=floor)
     out, stats = exact.exact_generate(m, prompts, settings, 30)
     for b in range(6):
@@ -193,7 +194,7 @@ def test_exact_sampling_is_distributed_as_ntp_sampling(top_k, floor):
     the drafts' head probability (min_draft_prob) cuts blocks and must keep the distribution."""
     m = tiny_sampling_model()
     prompt, n = [1, 2, 3], 3
-    settings = DecodeSettings(mask_id=5, k=3, gamma=1e9, rule="left", exact=True, temperature=1.0,
+    settings = ServingSettings(mask_id=5, k=3, gamma=1e9, rule="left", exact=True, temperature=1.0,
                               top_k=top_k, min_draft_prob=floor)
     if floor:  # the first block's drafts (head probability 0.48, 0.52) are cut; the second
         # block's one draft (0.49-0.85, after a drawn token) is checked in some rows only
@@ -253,7 +254,7 @@ def test_adaptive_exact_never_costs_much_more_than_ntp(family, gamma):
     for seed in range(3):
         m = random_model(family, seed)
         prompts, _ = prompts_and_stop(m, 4, seed)
-        settings = DecodeSettings(mask_id=mask_id_of(m), k=K, gamma=gamma, exact=True,
+        settings = ServingSettings(mask_id=mask_id_of(m), k=K, gamma=gamma, exact=True,
                                   adaptive=True)
         out, stats = exact.exact_generate(m, prompts, settings, 48)
         ntp, ntp_stats = tiny_models.ntp(m, prompts, 48, mask_id=mask_id_of(m))
@@ -294,7 +295,7 @@ def test_host_path_equals_tensor_path(family, B, monkeypatch):
     for m, prompts, stop in cases:
         for k, adaptive, stop_ids, n, floor in itertools.product(
                 (1, 4, 16), (False, True), ((), (stop,)), (7, 40), (0.0, 0.3)):
-            settings = DecodeSettings(mask_id=mask_id_of(m), k=k, gamma=sampling.ONE_FORWARD,
+            settings = ServingSettings(mask_id=mask_id_of(m), k=k, gamma=sampling.ONE_FORWARD,
                                       stop_ids=stop_ids, exact=True, adaptive=adaptive,
                                       min_draft_prob=floor)
             assert exact.Rows(prompts, settings, n, m.config.vocab_size).on_host

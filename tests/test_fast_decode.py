@@ -18,6 +18,7 @@ from configurator import ConfigError
 from sampling import DecodeSettings
 from serving import batched, exact
 from serving.layout import GROUP, DecodeLinear, lay_out_for_decoding
+from serving.settings import ServingSettings
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 
@@ -148,7 +149,7 @@ def test_bad_settings_are_one_line_errors(monkeypatch):
         lay_out_for_decoding(m, torch.float32, "int3")
     monkeypatch.setattr(batched.shutil, "which", lambda name: None)  # no C++ compiler
     batched.compiled_step.cache_clear()
-    settings = DecodeSettings(mask_id=mask_id_of(m), compiled=True)
+    settings = ServingSettings(mask_id=mask_id_of(m), compiled=True)
     with pytest.raises(ConfigError, match="needs a C\\+\\+ compiler") as e:
         batched.ntp_generate(m, prompts(m, 1, 4), settings, 4)
     assert "\n" not in str(e.value)
@@ -163,7 +164,7 @@ def test_compiled_decoding_gives_the_eager_tokens(family, B):
     fixed seed. One batch size per family: each compiles 3 graphs (widths 1, k + 1, 2k)."""
     m = lay_out_for_decoding(tiny_models.random_model(family, std=0.5), torch.float32)
     p = prompts(m, B, 5, seed=1)
-    plain = DecodeSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
+    plain = ServingSettings(mask_id=mask_id_of(m), k=4, gamma=0.5)
     sampled = plain.replace(exact=True, rule="left", temperature=1.0, top_k=20)
     runs = [(batched.ntp_generate, plain), (batched.sbd_generate, plain),
             (exact.exact_generate, plain.replace(gamma=1e9, exact=True)),

@@ -23,6 +23,7 @@ from checkpoint import load_checkpoint, settings_for
 from model import attach_adapter
 from sbd import is_adapter
 from serving import batched, exact
+from serving.settings import serving_settings
 
 FAMILIES = ["gpt-tiny", "llama-tiny"]
 GAMMA = {"gpt-tiny": 1.5, "llama-tiny": 2.0}  # 1-4 reveals per forward (tests/test_decoding.py)
@@ -148,13 +149,24 @@ def test_a_wrong_draft_is_caught_where_it_is():
     assert_same((out, stats), exact.exact_generate(scripted, prompt, settings, 30), checks=True)
 
 
-def test_the_reference_leaves_serving_settings_to_serving():
+def test_serving_fields_take_serving_decoders():
+    """The reference's record has no serving field; sample.py's decoders are decode.py's unless a
+    serving field is set (or a weight layout, or the step view)."""
     m = random_model("gpt-tiny")
     prompt, _ = prompt_and_stop(m, 0)
-    for fields in (dict(adaptive=True), dict(min_draft_prob=0.5)):
-        settings = sampling.DecodeSettings(mask_id=mask_id_of(m), exact=True, **fields)
-        with pytest.raises(ValueError, match="serving"):
-            decode.exact(m, prompt, settings, 8)
+    with pytest.raises(TypeError, match="adaptive"):
+        sampling.DecodeSettings(mask_id=mask_id_of(m), exact=True, adaptive=True)
+    reference = sampling.DecodeSettings(mask_id=mask_id_of(m), exact=True)
+    for fields, serves in ((dict(), False), (dict(adaptive=True), True),
+                           (dict(min_draft_prob=0.5), True)):
+        settings = serving_settings(reference, **fields)
+        _, settings, sbd, ntp = exact.decoders(m, settings, prompt, 8, False, "trained", 1, None,
+                                               as_loaded=False)
+        if serves:
+            assert sbd.func is exact.decode and ntp.func is exact.decode
+        else:
+            assert (sbd, ntp) == (decode.exact, decode.ntp)
+
 
 # -----------------------------------------------------------------------------
 # a tiny trained model: drafts that are mostly right

@@ -42,6 +42,17 @@ def start(device):
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), device
 
 
+def wrap(model, compile, fsdp, ddp, param_dtype):
+    """The model as the training loop calls it: torch.compile'd if compile, then sharded in place
+    (FSDP: a compiled wrapper calls the sharded modules) or replicated (DDP)."""
+    wrapped = torch.compile(model) if compile else model
+    if fsdp:
+        shard(model, param_dtype)
+    elif ddp:
+        wrapped = replicate(wrapped)
+    return wrapped
+
+
 def shard(model, param_dtype):
     """FSDP2, in place: a Llama's parameters, gradients and optimizer state split over the ranks,
     each block a unit gathered when it runs, its matrices computed in param_dtype, gradients summed
