@@ -170,8 +170,11 @@ def check_training_settings(c):
             f"block_phase must be 'answer', 'random' or 'zero', got {c['block_phase']!r}")
     require(min(c["ntp_weight"], c["ntp_iters"], c["sbd_iters"]) >= 0,
             "ntp_weight, ntp_iters and sbd_iters must be >= 0")
-    require(not (c["token_shift"] or c["complementary_masks"]) or c["sbd_iters"] > 0,
-            "token_shift and complementary_masks set how SBD trains: they need sbd_iters > 0")
+    require(not (c["token_shift"] or c["complementary_masks"] or c["all_masked_rows"])
+            or c["sbd_iters"] > 0, "token_shift, complementary_masks and all_masked_rows set how "
+            "SBD trains: they need sbd_iters > 0")
+    require(0 <= c["all_masked_rows"] <= 1,
+            f"all_masked_rows is a fraction of rows in [0, 1], got {c['all_masked_rows']}")
     rank = c["adapter_rank"]
     require(rank >= 0 and not (rank and (c["sbd_iters"] == 0 or c["sbd_starts_from"] == "init"
                                          and c["ntp_iters"])),

@@ -109,14 +109,15 @@ def training_mask(L, k, phases, device=None, noisy_start=0, copies=1):
 # noising, labels, loss (Eq. 14)
 
 
-def add_noise(x, mask_id, maskable=None, generator=None):
-    """x (B, L) -> (x̂, is_masked (B, L) bool): each token replaced by mask_id with probability
-    η, η ~ U(0,1) once per row; only where maskable (B, L) bool is True, if given (the answer).
-    Draws come from `generator` (train.py's, on the CPU: a resumed run draws the same)."""
+def add_noise(x, mask_id, maskable=None, generator=None, all_masked_rows=0.0):
+    """x (B, L) -> (x̂, is_masked (B, L) bool): a token becomes mask_id with probability min(1, η /
+    (1 - all_masked_rows)), η ~ U(0,1) per row (0: the paper's noise; 1: every row masked whole),
+    where maskable (B, L) is True, if given. Draws: `generator`'s (a resumed run draws the same)."""
     B, L = x.shape
     device = generator.device if generator is not None else x.device
     eta = torch.rand(B, 1, generator=generator, device=device).to(x.device)  # (B, 1): rate per row
-    is_masked = torch.rand(B, L, generator=generator, device=device).to(x.device) < eta  # (B, L)
+    draws = torch.rand(B, L, generator=generator, device=device).to(x.device)  # (B, L)
+    is_masked = draws * (1 - all_masked_rows) < eta  # (B, L)
     if maskable is not None:
         is_masked &= maskable
     return torch.where(is_masked, torch.full_like(x, mask_id), x), is_masked
@@ -154,13 +155,13 @@ def noisy_labels(x, is_masked, k, phases, token_shift=False):
 
 
 def sbd_inputs(x, y, mask_id, k, phases, maskable=None, generator=None, make_mask=None,
-               noisy_start=None, token_shift=False, complementary=False):
+               noisy_start=None, token_shift=False, complementary=False, all_masked_rows=0.0):
     """The SBD training forward of clean x (B, L) with NTP targets y (B, L): noise m by add_noise
     on maskable, laid out by sbd_layout -> idx (B, T), pos (T,), mask (B, T, T), labels (B, T).
     noisy_start: s, by default first_noisy_position (0 without maskable: the paper's T = 2L).
     complementary: a second noisy copy, masked by m's complement over the maskable tokens
     (Fast-dLLM v2), so that every maskable token is a masked input once: T = 3L - 2s."""
-    _, is_masked = add_noise(x, mask_id, maskable, generator)
+    _, is_masked = add_noise(x, mask_id, maskable, generator, all_masked_rows)
     masks = [is_masked]
     if complementary:  # the complement: what m kept, masked now; the prompt stays clean in both
         masks.append(~is_masked if maskable is None else maskable & ~is_masked)

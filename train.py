@@ -75,6 +75,8 @@ k_max = 16  # every offset of the decoded k = 8 and 16 often enough (docs/findin
 ntp_weight = 1.0  # weight of the NTP term in Eq. 14; 0 = the paper's ablation without it
 token_shift = False  # block slots keep the pretrained next-token alignment (sbd.read_at)
 complementary_masks = False  # two noisy copies per row, masks m and not-m (sbd.sbd_inputs)
+all_masked_rows = 0.0  # this fraction of rows has its answer masked whole, as exact SBD drafts
+# (sbd.add_noise); 0: the paper's rate η ~ U(0,1) per row
 adapter_rank = 0  # 0: stage 2 fine-tunes every weight (the paper). r > 0: it freezes the NTP model
 # and trains a block adapter of rank r that only the block's slots see (model.attach_adapter), so
 # the SBD model's next-token path is the NTP model's exactly; its loss is the masked-token term
@@ -181,7 +183,7 @@ def get_batch(split, generator, rows):
 
 def forward_loss(model, stage, x, y, answer, k, generator, complementary, *, mask_id, ntp_weight,
                  loss_on_answer_only, block_phase, token_shift, make_mask, head_at_labels,
-                 new_cache):
+                 new_cache, all_masked_rows):
     """-> (loss to optimise, NTP loss, masked-token loss or None); keywords: loss_settings."""
     if stage == "ntp":
         at = y != IGNORE_INDEX if head_at_labels else None  # (B, L) or all slots
@@ -190,9 +192,9 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary, *, mas
     L = x.size(1)  # the clean half; the noisy copies, slots L on, are the forward's block
     maskable = answer if loss_on_answer_only else None
     phases = sbd.block_phases(answer, k, block_phase, generator).to(x.device)
-    idx, pos, mask, labels = sbd.sbd_inputs(x, y, mask_id, k, phases, maskable, generator,
-                                            make_mask=make_mask, token_shift=token_shift,
-                                            complementary=complementary)  # mask (B, T, T)
+    idx, pos, mask, labels = sbd.sbd_inputs(  # mask (B, T, T)
+        x, y, mask_id, k, phases, maskable, generator, make_mask=make_mask,
+        token_shift=token_shift, complementary=complementary, all_masked_rows=all_masked_rows)
     at = labels != IGNORE_INDEX if head_at_labels else None  # (B, T) or all slots
     if new_cache is not None:  # a block adapter: the clean half through the frozen base's cache
         return sbd.adapter_loss(model, new_cache(len(x), idx.size(1)), idx, pos, mask, labels, L,
@@ -246,7 +248,7 @@ model = parallel.wrap(model, compile, fsdp, ddp, ptdtype)  # compiled, sharded o
 # forward_loss's settings, read once here
 loss_settings = dict(
     mask_id=task.mask_id, loss_on_answer_only=loss_on_answer_only, block_phase=block_phase,
-    token_shift=token_shift, head_at_labels=head_at_labels,
+    token_shift=token_shift, head_at_labels=head_at_labels, all_masked_rows=all_masked_rows,
     make_mask=flex_training_mask if attention == "flex" else sbd.training_mask,
     # with an adapter the clean half is the frozen NTP model: its term would teach nothing
     ntp_weight=0.0 if adapter_rank else ntp_weight,
@@ -285,7 +287,8 @@ def lr_at(it):
 def log_estimate():
     """Mean NTP loss and masked-token loss (k = 8) per split, on the same batches every time:
     printed and appended to out_dir/eval.jsonl (log.jsonl has the steps). One noisy copy per
-    row, whatever complementary_masks says: runs with and without it estimate the same thing."""
+    row, the paper's noise, whatever complementary_masks and all_masked_rows say: runs with and
+    without them estimate the same thing."""
     model.eval()
     out = {}
     for split in ("train", "val"):
@@ -295,7 +298,8 @@ def log_estimate():
             batch = get_batch(split, generator, batch_size)
             with autocast:
                 _, ntp_loss, masked_loss = forward_loss(raw_model, "sbd", *batch, min(8, k_max),
-                                                        generator, False, **loss_settings)
+                                                        generator, False,
+                                                        **{**loss_settings, "all_masked_rows": 0})
             ntp.append(ntp_loss.item())
             masked.append(masked_loss.item())
         out[split] = (sum(ntp) / len(ntp), sum(masked) / len(masked))

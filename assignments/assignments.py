@@ -60,6 +60,7 @@ ASSIGNMENTS = [
             ("tests/hidden/test_hidden_training.py::"
              "test_loss_is_one_cross_entropy_over_all_labelled_positions"),
             "tests/test_assignment_2.py::test_noise_follows_the_generator",
+            "tests/test_assignment_2.py::test_all_masked_rows_shifts_rows_to_masked_whole",
             "tests/test_assignment_2.py::test_loss_reaches_only_labelled_positions",
             "tests/test_assignment_2.py::test_loss_of_known_probabilities",
         ]),

@@ -32,6 +32,23 @@ def test_noise_follows_the_generator():
     assert not (is_masked & ~maskable).any(), "a token outside maskable was masked"
 
 
+def test_all_masked_rows_shifts_rows_to_masked_whole():
+    """all_masked_rows = f masks a token iff u (1 - f) < η: f = 1 masks every maskable token; at
+    f = 0.5 a row of n maskable tokens is masked whole with probability f + (1 - f) / (n + 1)
+    (η >= 1 - f, or below it all n draws under η / (1 - f) ~ U(0, 1)), and a token with
+    probability f + (1 - f) / 2."""
+    x = torch.zeros(20_000, 8, dtype=torch.long)
+    maskable = torch.arange(8).expand(20_000, 8) >= 1  # 7 maskable tokens a row
+    _, is_masked = sbd.add_noise(x, 99, maskable, torch.Generator().manual_seed(0), 1.0)
+    assert torch.equal(is_masked, maskable), "all_masked_rows=1: every maskable token masked"
+    _, is_masked = sbd.add_noise(x, 99, maskable, torch.Generator().manual_seed(0), 0.5)
+    whole = is_masked[:, 1:].all(dim=1).float().mean()
+    assert abs(whole - (0.5 + 0.5 / 8)) < 0.015, f"rows masked whole: {whole:.3f}, want 0.5625"
+    rate = is_masked[:, 1:].float().mean()
+    assert abs(rate - 0.75) < 0.01, f"maskable tokens masked: {rate:.3f}, want 0.75"
+    assert not (is_masked & ~maskable).any(), "a token outside maskable was masked"
+
+
 def test_loss_reaches_only_labelled_positions():
     g = torch.Generator().manual_seed(0)
     B, L, V = 2, 5, 7

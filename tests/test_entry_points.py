@@ -16,6 +16,7 @@ CASES = [
     (["train.py", "--device=cuda:5"], "not available"),
     (["train.py", "--init_from=nowhere"], "no pretrained model at 'nowhere'"),
     (["train.py", "--complementary_masks=True", "--sbd_iters=0"], "need sbd_iters > 0"),
+    (["train.py", "--all_masked_rows=1.5"], "all_masked_rows is a fraction"),
     (["train.py", "--token_shift=True", "--k_min=1"], "use k_min >= 2"),
     (["train.py", "--token_shift=True", "--ntp_weight=0"], "keep the NTP term"),
     (["sample.py", "--out_dir=/nonexistent"], "no checkpoint at /nonexistent"),

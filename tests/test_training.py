@@ -125,6 +125,27 @@ def test_masking_rate_is_drawn_per_sequence():
     assert (first - second).abs().max() < 0.15, "one η per row, used for every token of the row"
 
 
+def test_all_masked_rows_by_hand():
+    """all_masked_rows = f: a token is masked when its draw u ~ U(0,1) satisfies u (1 - f) < η, the
+    row's rate, written out here from the same generator's draws. f = 0 is the paper's noise, bit
+    for bit; f = 1 masks every maskable token; f = 0.5 masks a row whole with probability f +
+    (1 - f) / (L + 1) (η >= 1 - f, or η ~ U(0, 1) below it masking all L tokens)."""
+    B, L = 20_000, 8
+    x, maskable = torch.zeros(B, L, dtype=torch.long), torch.ones(B, L, dtype=torch.bool)
+    maskable[:, 0] = False
+    for f in (0.0, 0.5, 1.0):
+        generator = torch.Generator().manual_seed(3)
+        eta, u = torch.rand(B, 1, generator=generator), torch.rand(B, L, generator=generator)
+        expected = (u * (1 - f) < eta) & maskable
+        _, is_masked = sbd.add_noise(x, 1, maskable, torch.Generator().manual_seed(3), f)
+        assert torch.equal(is_masked, expected)
+    _, is_masked = sbd.add_noise(x, 1, maskable, torch.Generator().manual_seed(4), 1.0)
+    assert torch.equal(is_masked, maskable), "f = 1: every maskable token masked"
+    _, is_masked = sbd.add_noise(x, 1, maskable, torch.Generator().manual_seed(5), 0.5)
+    whole = is_masked[:, 1:].all(dim=1).float().mean()  # 7 maskable tokens a row
+    assert abs(whole - (0.5 + 0.5 / 8)) < 0.015, f"rows masked whole: {whole:.3f}"  # 4 SE
+
+
 def test_block_phases_by_hand():
     """Rows whose answers start at 3, 5 and 8, k = 4: 'answer' puts a block start at the first
     answer token (3, 1, 0 mod 4), 'zero' at 0; 'random' is one draw per row in 0..k-1, the same for
