@@ -62,8 +62,8 @@ def test_labels_of_the_worked_example(monkeypatch):
     x = torch.tensor([[11, 12, 13, 14, 15, 16, 17, 18]])  # x1..x8
     y = torch.tensor([[12, 13, 14, 15, 16, 17, 18, 19]])  # their next tokens x2..x9
     is_masked = torch.tensor([[0, 1, 0, 1, 1, 1, 0, 1]]).bool()
-    monkeypatch.setattr(sbd, "add_noise", lambda x, mask_id, maskable=None, generator=None:
-                        (torch.where(is_masked, mask_id, x), is_masked))
+    monkeypatch.setattr(sbd, "add_noise", lambda x, mask_id, maskable=None, generator=None,
+                        all_masked_rows=0.0: (torch.where(is_masked, mask_id, x), is_masked))
     idx, pos, mask, labels = sbd.sbd_inputs(x, y, M, 4, torch.tensor([0]))
     # no maskable: the noisy half starts at 0 and the forward is the paper's 2L tokens
     assert idx.tolist() == [[11, 12, 13, 14, 15, 16, 17, 18, 11, M, 13, M, M, M, 17, M]], (
