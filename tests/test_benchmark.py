@@ -238,6 +238,33 @@ def test_a_model_that_knows_the_answers_scores_100_percent(files, tmp_path, caps
     assert all(r["forwards"] < rows[0][1]["forwards"] for _, r in rows[2:])  # whole blocks at once
 
 
+@pytest.mark.parametrize("all_masked_rows, plain, has_plain_rows",
+                         [(1.0, None, False), (1.0, True, True), (0.5, None, True),
+                          (0.0, False, False)])
+def test_plain_rows_are_left_out_for_a_model_trained_on_blocks_masked_whole(
+        files, tmp_path, capsys, all_masked_rows, plain, has_plain_rows):
+    """A model that never saw a partly revealed block gets exact rows only, unless asked."""
+    task = BenchmarkTask(str(files / "test.jsonl"), str(files / "tokenizer.model"), val_problems=4,
+                         max_new_tokens=24)
+    task.splits["test"] = task.splits["test"][:3]
+    checkpoint = write_run(tmp_path / "run", "unused", str(files / "tokenizer.model"))
+    checkpoint["config"]["all_masked_rows"] = all_masked_rows
+    scripted = Scripted(tiny_llama(), task, task.splits["val"] + task.splits["test"])
+    rows, calibration, _ = evaluate.report(str(tmp_path / "run"), plain=plain,
+                                           run=(scripted, scripted, checkpoint, task),
+                                           exact_val_problems=2, timing_problems=2)
+    out = capsys.readouterr().out
+    names = [name for name, _ in rows]
+    exact = [f"SBD exact k={k} γ={calibration[k]['exact']:g}" for k in (8, 16)]
+    if has_plain_rows:
+        assert len(names) == 8 and exact[0] in names and "plain SBD left out" not in out
+    else:
+        assert names == ["NTP baseline", "SBD model, NTP decoding", *exact]
+        assert all(c["sweep"] == [] and c["low"] is None for c in calibration.values())
+        assert ("plain SBD left out" in out) == (plain is None)  # said when decided for the user
+        assert "no k has a γ" not in out
+
+
 @pytest.mark.slow
 def test_evaluate_py_on_a_jsonl_benchmark(files, tmp_path):
     """The command a GPU owner runs, on a CPU: the table, γ in the checkpoint, report.json; a random
