@@ -14,7 +14,8 @@ The paper's Table 1 for a model with verifiable answers: accuracy and NFE speed-
    with fewer forwards than NTP gets no row. The exact mode needs no budget (its accuracy is NTP's
    by construction): its γ is the one with the most tokens per forward on val (of a tie, the
    largest: fastest per forward). The choices go to out_dir/calibration.json (sampling.py), the
-   whole report to out_dir/report.json.
+   whole report to out_dir/report.json. A model trained on blocks masked whole only gets the exact
+   mode alone (--plain).
 2. On the test split: NTP accuracy of the NTP baseline and of the SBD model itself; SBD at γ_low
    and γ_high and exact SBD for each k (exact completions must equal the SBD model's NTP
    decoding: checked); wall clock of NTP, SBD and exact SBD decoding one problem at a time.

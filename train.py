@@ -42,7 +42,7 @@ from model import (
     attach_adapter,
     configure_optimizer,
 )
-from pretrained.load_llama import init_mask_embedding
+from pretrained.load_llama import with_mask_row
 from pretrained.loading import load_pretrained, pretrained_path, tokenizer_of
 from tasks import CharTask, JsonlTask, step_generator
 from training import budget, parallel
@@ -206,7 +206,7 @@ def forward_loss(model, stage, x, y, answer, k, generator, complementary, *, mas
 # model: a small GPT from scratch, or a pretrained Llama (fp32 master weights under FSDP)
 initial_state = None  # sbd_starts_from='init': stage 2 starts again from these weights
 if pretrained:
-    init_mask_embedding(model, task.mask_id)  # the mask token's row was never trained
+    with_mask_row(model, init_from, task.mask_id)
     model_args = dataclasses.asdict(model.config)
 elif llama:  # resuming: the architecture from the checkpoint, its weights below
     model_args = checkpoint["model_args"]
@@ -228,7 +228,8 @@ if sbd_starts_from == "init" and ntp_iters > 0 and sbd_iters > 0 and in_stage_1:
         raise ConfigError("sbd_starts_from='init' is not supported with fsdp")
     if llama and checkpoint is not None:  # resumed in stage 1: init_from's weights again
         source, _ = load_pretrained(checkpoint["config"]["init_from"], "cpu", torch.float32)
-        initial_state = init_mask_embedding(source, task.mask_id).state_dict()
+        initial_state = with_mask_row(source, checkpoint["config"]["init_from"],
+                                      task.mask_id).state_dict()
     else:  # the weights before any training (a scratch model's init is a function of the seed)
         initial_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {device}")

@@ -51,8 +51,8 @@ eval_iters = 2
 
 # the report: Table 1 on 500 test problems (docs/findings.md compares recipes on 1000), decoding in
 # bf16 where native (and an fp32 check of the exact mode on 16 problems), wall clock on 10 at batch
-# 1. Exact SBD in blocks of 8: about as many tokens per forward as 16 on val (3.07 against 3.17),
-# and on a CPU its forwards of 9-16 slots cost less than 17-32: 1.49x NTP's batch-1 wall clock
+# 1. Exact SBD in blocks of 8: as many tokens per forward on test as 16 (3.08 both, two adapters),
+# and on a CPU its forwards of 9-16 slots cost less than 17-32: 1.48x NTP's batch-1 wall clock
 # against 1.22x at k = 16, side by side (docs/findings.md, "Blocks of 8 for the report"). Its draft
 # floor (min_draft_prob) is calibrated on 32 val problems; 0.5 kept the most in every run. Plain
 # SBD's rows are left out on their own: this model never saw a partly revealed block (evaluate.py

@@ -670,3 +670,10 @@ def init_mask_embedding(model, mask_id=128002):
     total = emb.sum(0, dtype=torch.float32)  # (dim,) in fp32: bf16 sums of 128k rows lose digits
     emb[mask_id] = ((total - emb[mask_id].float()) / (vocab - 1)).to(emb.dtype)
     return model
+
+
+def with_mask_row(model, init_from, mask_id):
+    """The model loaded from init_from, ready to fine-tune: the mask token's row set by
+    init_mask_embedding, unless init_from is a run's ckpt_ntp.pt, which keeps the row it trained
+    with, so that a block adapter trained on it has that NTP baseline, unchanged, as its base."""
+    return model if str(init_from).endswith(".pt") else init_mask_embedding(model, mask_id)

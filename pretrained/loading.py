@@ -50,7 +50,7 @@ def load_pretrained(path, device="cpu", dtype=None, need_tokenizer=True):
         model, checkpoint = load_checkpoint(path, device)
         if checkpoint["model_family"] != "llama" or checkpoint["stage"] != "ntp":
             raise ConfigError(f"{path}: init_from takes a Llama-family model's NTP checkpoint "
-                              "(a run's ckpt_ntp.pt): its mask row is set afresh")
+                              "(a run's ckpt_ntp.pt), whose mask row it keeps")
         tokenizer = tokenizer_of(checkpoint["tokenizer"])
         return model.to(dtype or model.output.weight.dtype).eval(), tokenizer
     if str(path).endswith(".gguf"):

@@ -14,6 +14,8 @@ import pytest
 import torch
 from test_gguf import mixed_file  # skips this module without the gguf package
 
+import evaluate
+from checkpoint import load_checkpoint
 from sbd import is_adapter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,8 +49,10 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
     log = run.stdout
     assert "iter 2 [ntp]" in log and "iter 5 [sbd]" in log
     for row in ("NTP baseline", "tiny as loaded, NTP decoding", "SBD model, NTP decoding",
-                "SBD k=8 γ_low", "SBD exact k=8"):
+                "SBD exact k=8"):
         assert row in log, row
+    # trained on blocks masked whole: plain SBD's rows are left out, and the report says so
+    assert "plain SBD left out" in log and "SBD k=8 γ_low" not in log
     assert "Table 1 on 4 held-out test problems of test.jsonl" in log
     report = json.loads((out / "report.json").read_text())
     assert report["test_problems"] == 4 and (out / "calibration.json").exists()
@@ -57,16 +61,28 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
     assert ntp["stage"] == "ntp" and sbd["stage"] == "sbd"
     assert sbd["tokenizer"] == dict(kind="gguf", path=tiny_gguf) and sbd["mask_id"] == 3
 
-    # --as_loaded=False leaves the untouched model's row out (the rest of Table 1 stays)
+    # --as_loaded=False leaves the untouched model's row out (the rest of Table 1 stays);
+    # --plain=True decodes plain SBD all the same
     again = subprocess.run([sys.executable, "evaluate.py", f"--out_dir={out}", *REPORT.split(),
-                            "--as_loaded=False"], cwd=ROOT, capture_output=True, text=True,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+                            "--as_loaded=False", "--plain=True"], cwd=ROOT, capture_output=True,
+                           text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "as loaded" not in again.stdout and "SBD exact k=8" in again.stdout
+    assert "SBD k=8 γ_low" in again.stdout
 
     # the default's SBD checkpoint is the block adapter alone, on the NTP fine-tune as its base
     assert sbd["adapter"]["rank"] == 64 and sbd["base"]["file"] == "ckpt_ntp.pt"
     assert sbd["model"] and all(is_adapter(name) for name in sbd["model"])
+
+    # an adapter trained later on that ckpt_ntp.pt (init_from) keeps it, mask row included, as
+    # its base: the report then decodes the SBD model's NTP once, as the baseline's
+    later = tmp_path / "later"
+    run = train(f"--init_from={out / 'ckpt_ntp.pt'}", f"--out_dir={later}", *tiny,
+                "--ntp_iters=0", "--adapter_only=False", "--report=False")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ntp_model, _ = load_checkpoint(str(out / "ckpt_ntp.pt"))
+    adapted, _ = load_checkpoint(str(later / "ckpt_sbd.pt"))
+    assert evaluate.shares_next_token_path(ntp_model, adapted)
 
     # the full fine-tune (config/sbd_smollm2_full.py), sbd_starts_from='init': its SBD stage
     # started from the file, not from the NTP stage's weights; stage 1 is the default's
@@ -94,6 +110,12 @@ def test_the_config_end_to_end_on_a_tiny_gguf(tiny_gguf, tmp_path):
             cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert bench.returncode == 0, bench.stdout[-2000:] + bench.stderr[-2000:]
         assert expect in bench.stdout, bench.stdout[-2000:]
+    sizes = subprocess.run(
+        [sys.executable, "-m", "bench.block_sizes", f"--out_dir={out}", "--ks=(8,)", "--problems=2",
+         "--reps=1", "--max_new_tokens=12", "--dtype=float32"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert sizes.returncode == 0, sizes.stdout[-2000:] + sizes.stderr[-2000:]
+    assert "exact SBD k=8:" in sizes.stdout and "2 of 2 completions NTP's" in sizes.stdout
 
 
 @pytest.mark.slow
