@@ -189,10 +189,11 @@ def operating_point(calibration):
     return max(speed, key=speed.get) if speed else None
 
 
-def operating_points(calibration, low_target, plain=True):
-    """-> (operating_point, exact_operating_point); without the first, says how to decode."""
+def operating_points(calibration, low_target):
+    """-> (operating_point, exact_operating_point); without the first (where plain SBD was
+    calibrated), says how to decode."""
     best_k = operating_point(calibration)
-    if best_k is None and plain:
+    if best_k is None and any(c["sweep"] for c in calibration.values()):
         print(f"\nno k has a γ within {low_target} points of NTP on val: decode with the exact "
               "mode (sample.py --exact=True) or pass a γ")
     return best_k, exact_operating_point(calibration)
@@ -284,7 +285,7 @@ def report(out_dir, device="cpu", run=None, reference=None, fp32_models=None, **
                                        o["fp32_check_problems"], o["batch_size"],
                                        o["exact_batch_size"])
         lap("fp32 check")
-    best_k, exact_k = operating_points(calibration, o["low_target"], bool(o["grid"]))
+    best_k, exact_k = operating_points(calibration, o["low_target"])
     wall = wall_clock(ntp_model, sbd_model, task, base.replace(compiled=batch_1), calibration,
                       best_k, exact_k, o["timing_problems"])
     lap("wall clock")
@@ -428,10 +429,10 @@ def calibrate_all(ntp_model, sbd_model, task, base, o, shared=False):
     baseline = val_accuracy(ntp_model)
     ntp_vals = [baseline, baseline if shared else val_accuracy(sbd_model)]
     ntp_val = max(ntp_vals)
-    plain = (f"γ_low within {o['low_target']} points, γ_high within {o['high_target']}; γ grid "
-             f"{list(o['grid'])}" if o["grid"] else "the exact mode only")
+    targets = (f"γ_low within {o['low_target']} points, γ_high within {o['high_target']}; γ grid "
+               f"{list(o['grid'])}" if o["grid"] else "the exact mode only")
     print(f"calibrating on {len(task.splits['val'])} val problems (NTP decoding: baseline "
-          f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): {plain}")
+          f"{ntp_vals[0]:.2f}%, SBD model {ntp_vals[1]:.2f}%): {targets}")
     calibration = {k: calibrate(sbd_model, task, base, ntp_val, k, o["low_target"],
                                 o["high_target"], o["grid"], o["batch_size"],
                                 o["exact_val_problems"], o["exact_batch_size"],

@@ -20,6 +20,7 @@ from configurator import configure, pick_device
 from evaluate import OPTIONS as REPORT_OPTIONS
 from evaluate import fast_decoding
 from pretrained.loading import load_run
+from report.views import exact_settings
 from sampling import ONE_FORWARD
 from tasks.solve import solve, tokens_per_forward
 
@@ -49,8 +50,8 @@ def main():
     test = task.splits["test"][:problems]
     decoders = {"NTP": (ntp_model, base, True)}
     for k in ks:
-        decoders[f"exact SBD k={k}"] = (sbd_model, base.replace(
-            k=k, gamma=ONE_FORWARD, exact=True, min_draft_prob=draft_floor), False)
+        chosen = dict(exact=ONE_FORWARD, exact_floor=draft_floor)  # as evaluate.py calibrates
+        decoders[f"exact SBD k={k}"] = (sbd_model, exact_settings(base, k, chosen), False)
     per_forward, completions = {}, {}
     for name, (model, settings, ntp) in decoders.items():  # untimed: compiles every width
         r = solve(model, task, test, settings, ntp=ntp, batch_size=1)
